@@ -1,0 +1,330 @@
+"""KV caches: Ouro's per-loop cache and the one-row-per-token cache of MELT.
+
+The cache object decides *which* keys and values a query reads; the model only computes
+q, k, v. This is where MELT differs from Ouro, so it is spelled out here:
+
+* ``LoopKVCache`` (Ouro): one K/V row per (loop, layer) per token. At loop t a token
+  reads every token's loop-t row. Bytes per token = T*N*2*H_kv*D*bytes.
+* ``SharedKVCache`` (MELT and the untrained sharing baselines of Appendix B): one row per
+  (layer, token). The rows of a chunk being processed are *staged* in the slots they will
+  finally occupy and are overwritten in place at every loop; after loop T they are
+  committed. Earlier tokens are read through their final rows. Options:
+    - ``window`` W (v3): the last W tokens also keep their per-loop rows, so at loop t a
+      query reads them at loop t and reads older tokens' final rows.
+    - ``write_every_loop=False``: the row is written at loop 1 only ("first-loop sharing").
+    - ``keep_prompt=True``: the prompt is cached per loop as in Ouro; only tokens after
+      ``end_prompt()`` share one row ("with prompt cache" in Table 5).
+    - ``alpha`` < 1 (Phase-1 interpolation, training): attention reads
+      alpha*KV_MELT + (1-alpha)*KV_base, KV_base being Ouro's per-loop K/V of the same
+      tokens; alpha = 0 is exactly Ouro.
+
+Storage comes in two kinds (``RowStore``): a preallocated buffer for inference
+(``capacity`` given: no copies while decoding, and the bytes held match the analytic
+formula) and a growing list for training (autograd-safe, nothing written in place).
+
+Masks are boolean, True = may attend, shaped (B, 1, Q, K), built once per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+KV = tuple[Tensor, Tensor]  # (k, v), each (B, H_kv, rows, D)
+
+
+class CacheCapacityError(RuntimeError):
+    pass
+
+
+def _ones(b: int, n: int, like: Tensor) -> Tensor:
+    return torch.ones(b, n, dtype=torch.bool, device=like.device)
+
+
+class RowStore:
+    """K/V rows growing along the sequence axis (dim -2)."""
+
+    def __init__(self, capacity: int | None = None):
+        self.capacity = capacity
+        self.length = 0
+        self._buf: KV | None = None  # buffer mode
+        self._parts: list[KV] = []  # list mode
+        self._joined: KV | None = None
+
+    def _write(self, rows: KV) -> int:
+        """Buffer mode: copy rows into slots [length, length + C); returns the end slot."""
+        end = self.length + rows[0].shape[-2]
+        if self._buf is None:
+            self._buf = tuple(
+                torch.empty((*r.shape[:-2], self.capacity, r.shape[-1]), dtype=r.dtype, device=r.device)
+                for r in rows)
+        if end > self.capacity:
+            raise CacheCapacityError(
+                f"KV cache capacity {self.capacity} tokens exceeded (needs {end}); create the "
+                "cache with capacity >= prompt length + max_new_tokens")
+        for buf, r in zip(self._buf, rows):
+            buf[..., self.length:end, :] = r
+        return end
+
+    def read(self, staged: KV | None = None) -> KV:
+        """Committed rows followed by ``staged`` rows (which are not committed)."""
+        if self.capacity is not None:
+            end = self._write(staged) if staged is not None else self.length
+            return tuple(b[..., :end, :] for b in self._buf)
+        if self._joined is None and self._parts:
+            self._joined = self._parts[0] if len(self._parts) == 1 else tuple(
+                torch.cat(x, dim=-2) for x in zip(*self._parts))
+        if staged is None:
+            return self._joined
+        if self._joined is None:
+            return staged
+        return tuple(torch.cat((j, s), dim=-2) for j, s in zip(self._joined, staged))
+
+    def append(self, rows: KV) -> None:
+        if self.capacity is not None:
+            self.length = self._write(rows)
+            return
+        self._parts.append(rows)
+        self._joined = None
+        self.length += rows[0].shape[-2]
+
+    def nbytes(self) -> int:
+        """Bytes of tensor storage this store holds (the whole buffer in buffer mode)."""
+        if self._buf is not None:
+            return sum(b.untyped_storage().nbytes() for b in self._buf)
+        return sum(t.numel() * t.element_size() for part in self._parts for t in part)
+
+
+@dataclass
+class Block:
+    """One set of keys/values a query reads, with its mask (None = attend to all)."""
+
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+
+
+class KVCache:
+    """What every cache shares: the token count, padding validity and per-chunk masks."""
+
+    def __init__(self, num_layers: int, num_loops: int, capacity: int | None):
+        self.N, self.T, self.capacity = num_layers, num_loops, capacity
+        self.seen = 0  # tokens committed
+        self.valid: Tensor | None = None  # (B, seen) False at left-padding slots
+        self._chunk_valid: Tensor | None = None
+        self._masks: dict[str, Tensor | None] = {}
+
+    # ----------------------------------------------------------------- chunk life
+    def begin_chunk(self, chunk_len: int, valid: Tensor | None) -> None:
+        """Called by the model before a chunk of ``chunk_len`` tokens; valid: (B, C) or None."""
+        self._chunk_len = chunk_len
+        self._chunk_valid = valid
+        self._masks = {}
+
+    def end_chunk(self) -> None:
+        if self._chunk_valid is not None or self.valid is not None:
+            ref = self._chunk_valid if self._chunk_valid is not None else self.valid
+            past = self.valid if self.valid is not None else _ones(ref.shape[0], self.seen, ref)
+            cur = self._chunk_valid if self._chunk_valid is not None else _ones(
+                ref.shape[0], self._chunk_len, ref)
+            self.valid = torch.cat((past, cur), dim=1)
+        self.seen += self._chunk_len
+
+    def end_prompt(self) -> None:
+        """Generation calls this after prefill; only caches that treat the prompt apart care."""
+
+    # ------------------------------------------------------------------- masking
+    def _mask(self, first_slot: int, window: int = 0, chunk_causal: bool = True) -> Tensor | None:
+        """Mask of this chunk's queries over keys in slots [first_slot, seen + C).
+
+        Past keys (slot < seen) are allowed when valid and, with a window W, older than
+        the query by more than W; the chunk's own keys are causal. A query may always
+        read itself, so left-padding rows stay finite.
+        """
+        key = f"{first_slot}:{window}:{chunk_causal}"
+        if key in self._masks:
+            return self._masks[key]
+        C, P = self._chunk_len, self.seen
+        if C == 1 and window == 0 and self.valid is None and self._chunk_valid is None:
+            self._masks[key] = None
+            return None
+        dev = self.valid.device if self.valid is not None else (
+            self._chunk_valid.device if self._chunk_valid is not None else None)
+        q = torch.arange(P, P + C, device=dev)[:, None]  # (C, 1) query slots
+        k = torch.arange(first_slot, P + C, device=dev)[None, :]  # (1, K) key slots
+        past = k < P
+        allowed = torch.where(past, (k < q - window) if window else torch.ones_like(past),
+                              (k <= q) if chunk_causal else torch.ones_like(past))
+        allowed = allowed[None, None]  # (1, 1, C, K)
+        kv_valid = self._key_valid(first_slot)
+        if kv_valid is not None:
+            allowed = allowed & (kv_valid[:, None, None, :] | (k == q)[None, None])
+        self._masks[key] = allowed
+        return allowed
+
+    def _key_valid(self, first_slot: int) -> Tensor | None:
+        """(B, K) validity of keys in slots [first_slot, seen + C), or None if no padding."""
+        if self.valid is None and self._chunk_valid is None:
+            return None
+        ref = self._chunk_valid if self._chunk_valid is not None else self.valid
+        past = self.valid[:, first_slot:] if self.valid is not None else _ones(
+            ref.shape[0], self.seen - first_slot, ref)
+        cur = self._chunk_valid if self._chunk_valid is not None else _ones(
+            ref.shape[0], self._chunk_len, ref)
+        return torch.cat((past, cur), dim=1)
+
+    # ------------------------------------------------------------------ memory
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+    def read(self, layer: int, loop: int, kv: KV, base: KV | None = None,
+             alpha: float = 1.0) -> list[Block]:
+        """Store this chunk's rows for (layer, loop) as the policy says; return what to attend to.
+
+        kv: the chunk's K/V at this loop (from h for MELT, from a for Ouro); base: Ouro's
+        K/V of the same tokens (from a), needed only when alpha < 1.
+        """
+        raise NotImplementedError
+
+
+class LoopKVCache(KVCache):
+    """Ouro's cache: index t*N + l holds loop t, layer l; a loop-t query reads loop-t rows."""
+
+    def __init__(self, num_layers: int, num_loops: int, capacity: int | None = None):
+        super().__init__(num_layers, num_loops, capacity)
+        self.stores = [RowStore(capacity) for _ in range(num_layers * num_loops)]
+
+    def read(self, layer, loop, kv, base=None, alpha=1.0):
+        store = self.stores[loop * self.N + layer]
+        store.append(kv)
+        k, v = store.read()
+        return [Block(k, v, self._mask(0))]
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.stores)
+
+
+class SharedKVCache(KVCache):
+    """One K/V row per (layer, token), refined in place across loops (MELT; Appendix-B sharing)."""
+
+    def __init__(self, num_layers: int, num_loops: int, capacity: int | None = None,
+                 window: int = 0, write_every_loop: bool = True, keep_prompt: bool = False,
+                 detach_past: bool = False):
+        super().__init__(num_layers, num_loops, capacity)
+        if window < 0:
+            raise ValueError(f"window must be >= 0, got {window}")
+        if window and not write_every_loop:
+            raise ValueError("a sliding window needs a row per loop; it cannot combine with "
+                             "first-loop sharing (write_every_loop=False)")
+        self.window, self.write_every_loop, self.detach_past = window, write_every_loop, detach_past
+        self.final = [RowStore(capacity) for _ in range(num_layers)]
+        # window[l][t]: (k, v, slots) of the last <= W tokens at loop t
+        self.recent: list[list[tuple[Tensor, Tensor, Tensor] | None]] = [
+            [None] * num_loops for _ in range(num_layers)]
+        self.base: list[list[RowStore]] | None = None  # per-loop Ouro rows, alpha < 1 only
+        self.pending: list[KV | None] = [None] * num_layers
+        self.prompt = LoopKVCache(num_layers, num_loops, capacity) if keep_prompt else None
+        self.prompt_open = keep_prompt  # chunks go to the per-loop prompt cache until end_prompt()
+        self.prompt_len = 0  # slots [0, prompt_len) live in self.prompt; shared rows follow
+
+    def begin_chunk(self, chunk_len, valid):
+        super().begin_chunk(chunk_len, valid)
+        if self.prompt_open:
+            self.prompt.begin_chunk(chunk_len, valid)
+
+    def end_chunk(self):
+        if self.prompt_open:
+            self.prompt.end_chunk()
+            self.prompt_len += self._chunk_len
+        super().end_chunk()
+
+    def end_prompt(self):
+        self.prompt_open = False
+
+    def read(self, layer, loop, kv, base=None, alpha=1.0):
+        if self.prompt_open:
+            return self.prompt.read(layer, loop, kv)
+        if loop == 0 or self.write_every_loop:
+            self.pending[layer] = kv
+        cur = self.pending[layer]
+        first = self.prompt_len  # slot of the first shared row
+        keys = self.final[layer].read(staged=cur)  # past final rows, then this chunk's rows
+        if alpha < 1.0:
+            keys = self._interpolate(layer, loop, keys, base, alpha)
+        blocks = [Block(*keys, self._mask(first, self.window))]
+        recent = self.recent[layer][loop]
+        if recent is not None:
+            rk, rv, slots = recent
+            if alpha < 1.0:
+                bk, bv = self.base[layer][loop].read()
+                rk = alpha * rk + (1 - alpha) * bk[..., slots - first, :]
+                rv = alpha * rv + (1 - alpha) * bv[..., slots - first, :]
+            blocks.append(Block(rk, rv, self._window_mask(slots)))
+        if self.prompt_len:
+            pk, pv = self.prompt.stores[loop * self.N + layer].read()
+            blocks.append(Block(pk, pv, self._prompt_mask()))
+        self._commit(layer, loop, cur, base)
+        return blocks
+
+    # ------------------------------------------------------------------ internals
+    def _interpolate(self, layer: int, loop: int, melt: KV, base: KV, alpha: float) -> KV:
+        if base is None:
+            raise ValueError("alpha < 1 needs the base (Ouro) K/V of the chunk")
+        if self.base is None:
+            if self.final[layer].length:
+                raise RuntimeError("interpolation must be on from the first chunk of a sequence")
+            self.base = [[RowStore(self.capacity) for _ in range(self.T)] for _ in range(self.N)]
+        b = self.base[layer][loop].read(staged=base)
+        return tuple(alpha * m + (1 - alpha) * x for m, x in zip(melt, b))
+
+    def _commit(self, layer: int, loop: int, cur: KV, base: KV | None) -> None:
+        keep = (lambda t: t.detach()) if self.detach_past else (lambda t: t)
+        if self.base is not None and base is not None:
+            self.base[layer][loop].append(tuple(keep(t) for t in base))
+        if self.window:
+            C = cur[0].shape[-2]
+            slots = torch.arange(self.seen, self.seen + C, device=cur[0].device)
+            old = self.recent[layer][loop]
+            if old is not None:
+                k = torch.cat((old[0], keep(cur[0])), dim=-2)[..., -self.window:, :]
+                v = torch.cat((old[1], keep(cur[1])), dim=-2)[..., -self.window:, :]
+                slots = torch.cat((old[2], slots))[-self.window:]
+            else:
+                k, v, slots = (keep(cur[0])[..., -self.window:, :], keep(cur[1])[..., -self.window:, :],
+                               slots[-self.window:])
+            self.recent[layer][loop] = (k, v, slots)
+        if loop == self.T - 1:
+            self.final[layer].append(tuple(keep(t) for t in cur))
+            self.pending[layer] = None
+
+    def _window_mask(self, slots: Tensor) -> Tensor:
+        key = "window"
+        if key not in self._masks:
+            q = torch.arange(self.seen, self.seen + self._chunk_len, device=slots.device)[:, None]
+            allowed = ((slots[None, :] >= q - self.window) & (slots[None, :] < q))[None, None]
+            valid = self.valid[:, slots] if self.valid is not None else None
+            if valid is not None:
+                allowed = allowed & valid[:, None, None, :]
+            self._masks[key] = allowed
+        return self._masks[key]
+
+    def _prompt_mask(self) -> Tensor | None:
+        key = "prompt"
+        if key not in self._masks:
+            self._masks[key] = None if self.valid is None else \
+                self.valid[:, None, None, :self.prompt_len].expand(-1, 1, self._chunk_len, -1)
+        return self._masks[key]
+
+    def nbytes(self) -> int:
+        total = sum(s.nbytes() for s in self.final)
+        for per_loop in self.recent:
+            for entry in per_loop:
+                if entry is not None:
+                    total += entry[0].numel() * entry[0].element_size() * 2
+        if self.base is not None:
+            total += sum(s.nbytes() for row in self.base for s in row)
+        if self.prompt is not None:
+            total += self.prompt.nbytes()
+        return total

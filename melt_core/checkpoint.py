@@ -1,0 +1,224 @@
+"""Checkpoint I/O: hub-format Ouro and MELT directories, and the Ouro -> MELT conversion.
+
+A checkpoint directory is ``config.json`` + ``model.safetensors`` (or shards listed in
+``model.safetensors.index.json``), exactly as the hub lays out Ouro. Only safetensors are
+read: no pickle, no remote code. Writes go to a temporary sibling directory that is
+renamed into place when complete, so a failure never leaves a half-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .config import ConfigError, ModelConfig
+from .model import LoopedLM
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+# The checkpoint layout as data: every key of an Ouro checkpoint and the shape it must have.
+# MELT checkpoints hold the same keys plus the gate's. The model's parameter names equal these
+# keys, so conversion copies by name.
+GLOBAL_KEYS = {
+    "model.embed_tokens.weight": ("vocab_size", "hidden_size"),
+    "model.norm.weight": ("hidden_size",),
+    "model.early_exit_gate.weight": (1, "hidden_size"),
+    "model.early_exit_gate.bias": (1,),
+    "lm_head.weight": ("vocab_size", "hidden_size"),
+}
+LAYER_KEYS = {
+    "self_attn.q_proj.weight": ("q_width", "hidden_size"),
+    "self_attn.k_proj.weight": ("kv_width", "hidden_size"),
+    "self_attn.v_proj.weight": ("kv_width", "hidden_size"),
+    "self_attn.o_proj.weight": ("hidden_size", "q_width"),
+    "mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
+    "mlp.up_proj.weight": ("intermediate_size", "hidden_size"),
+    "mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
+    "input_layernorm.weight": ("hidden_size",),
+    "input_layernorm_2.weight": ("hidden_size",),
+    "post_attention_layernorm.weight": ("hidden_size",),
+    "post_attention_layernorm_2.weight": ("hidden_size",),
+}
+GATE_KEYS = {  # MELT only, for the learned gate variants
+    "gate.input_proj.weight": ("gate_width", "hidden_size"),  # W_z
+    "gate.input_proj.bias": ("gate_width",),  # b_z
+    "gate.state_proj.weight": ("gate_width", "hidden_size"),  # U_z
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable or does not match its config."""
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    dims = {**{k: v for k, v in vars(cfg).items() if isinstance(v, int)},
+            "q_width": cfg.num_attention_heads * cfg.head_dim,
+            "kv_width": cfg.num_key_value_heads * cfg.head_dim,
+            "gate_width": cfg.hidden_size if cfg.gate == "elementwise" else 1}
+
+    def shape(spec):
+        return tuple(s if isinstance(s, int) else dims[s] for s in spec)
+
+    keys = {k: shape(s) for k, s in GLOBAL_KEYS.items()}
+    if cfg.tie_word_embeddings:
+        keys.pop("lm_head.weight")
+    layer_keys = dict(LAYER_KEYS)
+    if cfg.is_melt and cfg.gate in ("elementwise", "scalar"):
+        layer_keys.update(GATE_KEYS)
+    for i in range(cfg.num_hidden_layers):
+        keys.update({f"model.layers.{i}.{k}": shape(s) for k, s in layer_keys.items()})
+    return keys
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory (expected config.json + "
+                              f"{WEIGHTS} inside)")
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file}: missing; a melt_core checkpoint directory needs "
+                              "config.json beside its safetensors")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{cfg_file}: not valid JSON ({err})") from None
+    return ModelConfig.from_dict(raw, source=str(cfg_file))
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index}: unreadable shard index ({err!r})") from None
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = [path / WEIGHTS]
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing weights file (expected {WEIGHTS} or the shards "
+                                  f"listed in {INDEX})")
+    return files
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory, from safetensors only."""
+    state: dict[str, torch.Tensor] = {}
+    for f in _weight_files(Path(path)):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    state[key] = fh.get_tensor(key)
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"{f}: cannot read safetensors ({err}); the file may be "
+                                  "truncated — download or convert it again") from None
+    return state
+
+
+def check_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, source: str) -> None:
+    expected = expected_shapes(cfg)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(f"{source}: missing key(s) {missing[:3]}{more} that a "
+                              f"{cfg.model_type} model with this config.json needs")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected key(s) {unexpected[:3]} for a {cfg.model_type} "
+                              f"model with gate={cfg.gate!r} and {cfg.num_hidden_layers} layers")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise CheckpointError(f"{source}: {key} has shape {tuple(state[key].shape)} but the "
+                                  f"config implies {shape}")
+
+
+def load_pretrained(path: str | Path, dtype: torch.dtype | None = None,
+                    device: str | torch.device = "cpu") -> LoopedLM:
+    """The Ouro or MELT model stored in a checkpoint directory (by its ``model_type``)."""
+    path = Path(path)
+    cfg = read_config(path)
+    state = read_state_dict(path)
+    check_state_dict(state, cfg, str(path))
+    if dtype is None:
+        dtype = state["model.embed_tokens.weight"].dtype
+    with torch.device("meta"):
+        model = LoopedLM(cfg)
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    model.inv_freq = (1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float()
+                                               / cfg.head_dim)).to(device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _atomic_dir(dest: Path):
+    """Context manager yielding a temp dir renamed to ``dest`` on success, removed on failure."""
+
+    class _Ctx:
+        def __enter__(self):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+            return self.tmp
+
+        def __exit__(self, exc_type, exc, tb):
+            if exc_type is not None:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+                return False
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(self.tmp, dest)
+            return False
+
+    return _Ctx()
+
+
+def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None = None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` atomically (hub layout)."""
+    path = Path(path)
+    cfg = model.config.to_dict()
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    cfg["torch_dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    cfg.update(extra_config or {})
+    with _atomic_dir(path) as tmp:
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def melt_from_ouro(ouro: LoopedLM, gate: str = "elementwise", window: int = 0,
+                   gate_h0: str = "zeros", ema_z: float = 0.2, gate_init_std: float = 0.02,
+                   gate_bias_init: float = 0.0, seed: int = 0) -> LoopedLM:
+    """A MELT model holding every Ouro weight plus freshly initialised gates."""
+    if ouro.config.is_melt:
+        raise ConfigError("melt_from_ouro expects an Ouro model; this one is already MELT")
+    cfg = ouro.config.replace(model_type="melt", gate=gate, window=window, gate_h0=gate_h0,
+                              ema_z=ema_z, gate_init_std=gate_init_std, gate_bias_init=gate_bias_init)
+    dtype = ouro.lm_head.weight.dtype
+    melt = LoopedLM(cfg).to(dtype)
+    missing, unexpected = melt.load_state_dict(ouro.state_dict(), strict=False)
+    assert not unexpected and all(".gate." in k for k in missing), (missing, unexpected)
+    gen = torch.Generator().manual_seed(seed)
+    for layer in melt.model.layers:
+        layer.gate.reset_parameters(gate_init_std, gate_bias_init, gen)
+    return melt.to(dtype).eval()
+
+
+def convert_ouro_to_melt(src: str | Path, dst: str | Path, **gate_options) -> Path:
+    """Load an Ouro checkpoint directory, add gates, save a MELT checkpoint directory."""
+    melt = melt_from_ouro(load_pretrained(src), **gate_options)
+    record = {"converted_from": str(src), "gate_init": f"normal(0, {melt.config.gate_init_std}^2), "
+              f"bias {melt.config.gate_bias_init}, seed {gate_options.get('seed', 0)}"}
+    return save_pretrained(melt, dst, extra_config=record)

@@ -1,0 +1,63 @@
+"""MELT's latent-memory gate (METHOD.md section 2, Eq. 1) and its Table-3 variants.
+
+For one layer, loop t and token i, with a = input_layernorm(x) (what Ouro feeds to q/k/v):
+
+    z = sigmoid(a W_z + h_prev U_z + b_z)      # elementwise: z in (0,1)^d; scalar: one z
+    h = z * h_prev + (1 - z) * a               # the token's latent memory after loop t
+
+K and V are then projected from h instead of from a. Parameter-free variants:
+``mean`` (h_t = mean of a_1..a_t), ``ema`` (fixed z) and ``last`` (h_t = a_t).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .config import GATE_VARIANTS, ConfigError
+
+
+class LatentGate(nn.Module):
+    """Updates a token's latent memory h across loops. One instance per layer."""
+
+    def __init__(self, variant: str, hidden_size: int, h0: str = "zeros", ema_z: float = 0.2):
+        super().__init__()
+        if variant not in GATE_VARIANTS:
+            raise ConfigError(f"unknown gate variant {variant!r}; choose one of {GATE_VARIANTS}")
+        self.variant, self.h0, self.ema_z = variant, h0, ema_z
+        if variant in ("elementwise", "scalar"):
+            width = hidden_size if variant == "elementwise" else 1
+            self.input_proj = nn.Linear(hidden_size, width, bias=True)  # W_z, b_z
+            self.state_proj = nn.Linear(hidden_size, width, bias=False)  # U_z
+
+    @property
+    def learned(self) -> bool:
+        return self.variant in ("elementwise", "scalar")
+
+    def reset_parameters(self, std: float, bias: float, generator: torch.Generator | None = None) -> None:
+        if not self.learned:
+            return
+        with torch.no_grad():
+            for lin in (self.input_proj, self.state_proj):
+                w = torch.randn(lin.weight.shape, generator=generator, dtype=torch.float32) * std
+                lin.weight.copy_(w)
+            self.input_proj.bias.fill_(bias)
+
+    def retain(self, a: Tensor, h_prev: Tensor) -> Tensor:
+        """z, the share of h_prev kept: (B, L, d) for elementwise, (B, L, 1) for scalar/ema."""
+        if self.variant == "ema":
+            return torch.full_like(a[..., :1], self.ema_z)
+        return torch.sigmoid(self.input_proj(a) + self.state_proj(h_prev))
+
+    def forward(self, a: Tensor, h_prev: Tensor | None, loop: int) -> Tensor:
+        """a: (B, L, d) this loop's normed input; h_prev: memory after the previous loop or None."""
+        if self.variant == "last":
+            return a
+        if self.variant == "mean":  # running mean over loops; h_0 plays no part
+            return a if h_prev is None else h_prev + (a - h_prev) / (loop + 1)
+        if h_prev is None:
+            if self.h0 == "first":
+                return a
+            h_prev = torch.zeros_like(a)
+        z = self.retain(a, h_prev)
+        return z * h_prev + (1 - z) * a

@@ -1,0 +1,162 @@
+"""Batched sampling for Ouro (any cache mode) and MELT (token-by-token or chunked prefill).
+
+Prompts of different lengths are left-padded; padding is masked out of attention and RoPE
+positions start at each prompt's first real token, so a batch decodes exactly as its
+prompts would one at a time. Sampling draws from one ``torch.Generator`` seeded by
+``SamplingParams.seed``: same seed, same completions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .config import ConfigError
+from .model import LoopedLM
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1  # samples per prompt
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()  # need a tokenizer to decode
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 (or set greedy=True), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    finish_reason: str  # "stop" or "length"
+    text: str | None = None
+
+
+def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
+    """One token per row from logits (B, V): greedy, or temperature + nucleus (top-p)."""
+    if params.greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest set reaching p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    for row, p in enumerate(prompts):
+        if len(p):
+            ids[row, width - len(p):] = torch.tensor(list(p), device=device)
+            mask[row, width - len(p):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
+             cache_mode: str = "default", keep_prompt: bool = False,
+             prefill_chunk: int | None = None, tokenizer=None, batch_size: int | None = None,
+             progress: bool = False) -> list[list[Completion]]:
+    """``params.n`` completions for each prompt (lists of token ids).
+
+    prefill_chunk: MELT and the sharing modes default to 1 (token-by-token prefill, exact);
+    an int C prefills in chunks of C tokens (fast, the training approximation), cut back
+    from the prompt's end so batching does not change the chunks. Ouro's
+    default cache prefills the whole prompt at once, which is exact.
+    """
+    if any(len(p) == 0 for p in prompts):
+        raise ConfigError("every prompt needs at least one token (prepend BOS to an empty prompt)")
+    if params.stop_strings and tokenizer is None:
+        raise ConfigError("stop_strings need a tokenizer to decode the completions")
+    rows = [list(p) for p in prompts for _ in range(params.n)]
+    batch_size = batch_size or len(rows)
+    generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(params.seed)
+    done: list[Completion] = []
+    for start in range(0, len(rows), batch_size):
+        done += _generate_batch(model, rows[start:start + batch_size], params, generator,
+                                cache_mode, keep_prompt, prefill_chunk, tokenizer, progress)
+    return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
+
+
+def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, prefill_chunk,
+                    tokenizer, progress) -> list[Completion]:
+    cfg = model.config
+    device = model.lm_head.weight.device
+    longest = max(len(p) for p in prompts)
+    if longest + params.max_new_tokens > cfg.max_position_embeddings:
+        raise ConfigError(f"prompt ({longest}) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                          f"max_position_embeddings={cfg.max_position_embeddings}")
+    ids, mask = _left_pad(prompts, cfg.pad_token_id or 0, device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = model.new_cache(capacity=longest + params.max_new_tokens, mode=cache_mode,
+                            keep_prompt=keep_prompt)
+    if prefill_chunk is None and (cfg.is_melt or cache_mode != "default") and not keep_prompt:
+        prefill_chunk = 1
+    out = model(ids, cache=cache, positions=positions, attention_mask=mask,
+                chunk_size=prefill_chunk, align_chunks_to_end=True, logits="last")
+    cache.end_prompt()
+    next_pos = positions[:, -1:] + 1
+    stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
+    generated = torch.empty((len(prompts), 0), dtype=torch.long, device=device)
+    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    reasons = ["length"] * len(prompts)
+    texts: list[str | None] = [None] * len(prompts)
+    steps = tqdm(range(params.max_new_tokens), desc="decode", disable=not progress, leave=False)
+    for step in steps:
+        token = sample_next(out.logits[:, -1], params, generator)
+        token = torch.where(finished, torch.full_like(token, cfg.pad_token_id or 0), token)
+        generated = torch.cat((generated, token[:, None]), dim=1)
+        hit = ~finished & torch.isin(token, stop_ids)
+        for row in hit.nonzero().flatten().tolist():
+            reasons[row] = "stop"
+        finished |= hit
+        if params.stop_strings:
+            for row in (~finished).nonzero().flatten().tolist():
+                text = tokenizer.decode(generated[row].tolist())
+                cut = min((text.find(s) for s in params.stop_strings if s in text), default=-1)
+                if cut >= 0:
+                    finished[row], reasons[row], texts[row] = True, "stop", text[:cut]
+        if bool(finished.all()) or step == params.max_new_tokens - 1:
+            break
+        out = model(token[:, None], cache=cache, positions=next_pos, logits="last")
+        next_pos = next_pos + 1
+    completions = []
+    for row in range(len(prompts)):
+        tokens = generated[row].tolist()
+        if reasons[row] == "stop" and texts[row] is None:  # cut after the stop token
+            first = next(i for i, t in enumerate(tokens) if t in params.stop_token_ids)
+            tokens = tokens[:first + 1]
+        elif texts[row] is not None:
+            tokens = _trim_to_text(tokens, texts[row], tokenizer)
+        text = texts[row] if texts[row] is not None else (
+            tokenizer.decode(tokens) if tokenizer is not None else None)
+        completions.append(Completion(tokens, reasons[row], text))
+    return completions
+
+
+def _trim_to_text(tokens: list[int], text: str, tokenizer) -> list[int]:
+    """The shortest token prefix whose decoding covers ``text`` (the stop string excluded)."""
+    for n in range(len(tokens) + 1):
+        if len(tokenizer.decode(tokens[:n])) >= len(text):
+            return tokens[:n]
+    return tokens

@@ -1,0 +1,136 @@
+"""Protects checkpoint I/O: conversion keeps every Ouro weight and round-trips exactly;
+bad files and bad configs fail with one clear error naming the file, key or field;
+a failed conversion leaves nothing behind."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import melt_core
+from melt_core import CheckpointError, ConfigError, ModelConfig
+
+
+def copy_fixture(fixture_dir, dst):
+    shutil.copytree(fixture_dir, dst)
+    (dst / "reference_outputs.safetensors").unlink()
+    return dst
+
+
+def test_conversion_round_trip(ouro, fixture_dir, tmp_path, reference):
+    dst = melt_core.convert_ouro_to_melt(fixture_dir, tmp_path / "melt", gate="elementwise",
+                                         window=2, gate_init_std=0.3, seed=7)
+    melt = melt_core.load_pretrained(dst)
+    assert melt.config.is_melt and melt.config.window == 2
+    ours, theirs = melt.state_dict(), ouro.state_dict()
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+    again = melt_core.melt_from_ouro(ouro, gate="elementwise", window=2, gate_init_std=0.3, seed=7)
+    for key, value in again.state_dict().items():
+        assert torch.equal(ours[key], value), key  # same seed, same gates
+    with torch.no_grad():
+        torch.testing.assert_close(melt(reference["input_ids"], chunk_size=3).logits,
+                                   again(reference["input_ids"], chunk_size=3).logits, atol=0, rtol=0)
+    saved = json.loads((dst / "config.json").read_text())
+    assert saved["model_type"] == "melt" and "seed 7" in saved["gate_init"]
+    assert melt.config.gate_parameters() == 3 * (2 * 64 * 64 + 64)
+
+
+def test_gate_parameter_count_at_paper_scale():
+    assert ModelConfig.from_name("melt-1.6b").gate_parameters() == 24 * (2 * 2048**2 + 2048)  # ~0.2B
+    assert ModelConfig.from_name("melt-3.1b").gate_parameters() == 48 * (2 * 2048**2 + 2048)
+
+
+@pytest.mark.parametrize("variant", ["scalar", "mean", "ema", "last"])
+def test_every_gate_variant_round_trips(ouro, tmp_path, variant, reference):
+    melt = melt_core.melt_from_ouro(ouro, gate=variant, seed=3)
+    back = melt_core.load_pretrained(melt_core.save_pretrained(melt, tmp_path / variant))
+    with torch.no_grad():
+        torch.testing.assert_close(back(reference["input_ids"]).logits,
+                                   melt(reference["input_ids"]).logits, atol=0, rtol=0)
+
+
+def test_missing_weights_file(fixture_dir, tmp_path):
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: missing weights file"):
+        melt_core.load_pretrained(d)
+
+
+def test_truncated_weights_file(fixture_dir, tmp_path):
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="truncated"):
+        melt_core.load_pretrained(d)
+
+
+def test_missing_and_misshapen_keys(fixture_dir, tmp_path):
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    state = load_file(str(d / "model.safetensors"))
+    bad = dict(state)
+    bad.pop("model.layers.1.mlp.up_proj.weight")
+    save_file(bad, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"missing key\(s\) \['model\.layers\.1\.mlp\.up_proj"):
+        melt_core.load_pretrained(d)
+    bad = dict(state)
+    bad["model.layers.0.self_attn.k_proj.weight"] = torch.zeros(32, 64)
+    save_file(bad, str(d / "model.safetensors"))
+    shape_msg = r"k_proj\.weight has shape \(32, 64\) but the config implies \(64, 64\)"
+    with pytest.raises(CheckpointError, match=shape_msg):
+        melt_core.load_pretrained(d)
+
+
+def test_non_ouro_model_type(fixture_dir, tmp_path):
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"config\.json: model_type 'llama' is not an Ouro or MELT"):
+        melt_core.load_pretrained(d)
+
+
+def test_not_a_checkpoint_dir(tmp_path):
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        melt_core.load_pretrained(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("field,value,pattern", [
+    ("gate", "lstm", "unknown gate variant 'lstm'"),
+    ("window", -1, "sliding window W must be an integer >= 0"),
+    ("num_key_value_heads", 3, "must divide num_attention_heads"),
+])
+def test_bad_model_config_fields(field, value, pattern):
+    with pytest.raises(ConfigError, match=f"`{field}`: .*{pattern}"):
+        ModelConfig(model_type="melt", **{field: value})
+
+
+def test_bad_chunk_and_alpha(ouro, reference):
+    with pytest.raises(ConfigError, match="chunk_size must be >= 1"):
+        ouro(reference["input_ids"], chunk_size=0)
+    with pytest.raises(ConfigError, match="alpha < 1 .* needs a MELT model"):
+        ouro(reference["input_ids"], alpha=0.5)
+    with pytest.raises(ConfigError, match="beyond max_position_embeddings=256"):
+        ouro(reference["input_ids"][:, :2], positions=torch.tensor([[255, 256]] * 2))
+
+
+def test_failed_conversion_leaves_nothing(fixture_dir, tmp_path, monkeypatch):
+    import melt_core.checkpoint as ck
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "save_file", boom)
+    with pytest.raises(OSError, match="disk full"):
+        melt_core.convert_ouro_to_melt(fixture_dir, tmp_path / "melt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_conversion_cli(fixture_dir, tmp_path):
+    from melt_core.convert import main
+
+    main([str(fixture_dir), str(tmp_path / "m"), "--gate", "scalar", "--window", "5", "--seed", "2"])
+    cfg = melt_core.load_pretrained(tmp_path / "m").config
+    assert (cfg.gate, cfg.window) == ("scalar", 5)
