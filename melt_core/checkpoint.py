@@ -183,8 +183,12 @@ def _atomic_dir(dest: Path):
     return _Ctx()
 
 
-def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None = None) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` atomically (hub layout)."""
+def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None = None,
+                    write_extra=None) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` atomically (hub layout).
+
+    ``write_extra(tmp_dir)`` may add files (a tokenizer, a report) before the rename.
+    """
     path = Path(path)
     cfg = model.config.to_dict()
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -195,6 +199,8 @@ def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None
     with _atomic_dir(path) as tmp:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        if write_extra is not None:
+            write_extra(tmp)
     return path
 
 
@@ -217,8 +223,18 @@ def melt_from_ouro(ouro: LoopedLM, gate: str = "elementwise", window: int = 0,
 
 
 def convert_ouro_to_melt(src: str | Path, dst: str | Path, **gate_options) -> Path:
-    """Load an Ouro checkpoint directory, add gates, save a MELT checkpoint directory."""
+    """Load an Ouro checkpoint directory, add gates, save a MELT checkpoint directory.
+
+    Files beside the weights (tokenizer, chat template, generation config) are copied along.
+    """
+    src = Path(src)
     melt = melt_from_ouro(load_pretrained(src), **gate_options)
     record = {"converted_from": str(src), "gate_init": f"normal(0, {melt.config.gate_init_std}^2), "
               f"bias {melt.config.gate_bias_init}, seed {gate_options.get('seed', 0)}"}
-    return save_pretrained(melt, dst, extra_config=record)
+
+    def copy_side_files(tmp: Path) -> None:
+        for f in src.iterdir():
+            if f.is_file() and f.name != "config.json" and not f.name.startswith("model"):
+                shutil.copy2(f, tmp / f.name)
+
+    return save_pretrained(melt, dst, extra_config=record, write_extra=copy_side_files)

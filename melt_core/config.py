@@ -24,7 +24,13 @@ _HF_IGNORED_KEYS = {
     "initializer_range", "use_cache", "layer_types", "sliding_window", "max_window_layers",
     "attention_dropout", "attention_bias", "_name_or_path", "chunk_size",
     "early_exit_step", "use_sliding_window", "hidden_act", "rope_scaling",
+    # melt_core's own provenance records, written beside the model fields
+    "converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps", "pretrain_report",
 }
+
+
+_PROVENANCE_KEYS = {"converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps",
+                    "pretrain_report"}
 
 
 class ConfigError(ValueError):
@@ -144,6 +150,8 @@ class ModelConfig:
             if key in known:
                 kwargs[key] = value
             elif key in _HF_IGNORED_KEYS:
+                if key in _PROVENANCE_KEYS:
+                    extra[key] = value
                 continue
             else:
                 log.warning("%s: unknown field %r kept as-is but unused", source, key)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .cache import Block, KVCache, LoopKVCache, SharedKVCache
 from .config import ConfigError, ModelConfig
@@ -157,7 +158,12 @@ class LoopBlock(nn.Module):
         if step.attn_outputs is not None:
             step.attn_outputs.append(o)
         x = x + self.input_layernorm_2(o)
-        return x + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
+        if step.checkpoint_mlp and torch.is_grad_enabled():  # recompute in backward; no side effects here
+            return x + checkpoint(self._mlp_half, x, use_reentrant=False)
+        return x + self._mlp_half(x)
+
+    def _mlp_half(self, x: Tensor) -> Tensor:
+        return self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
 
 
 @dataclass
@@ -170,6 +176,7 @@ class LoopStep:
     alpha: float
     memory: list[Tensor | None]  # per layer: the chunk's latent memory h (MELT)
     attn_outputs: list[Tensor] | None = None  # o^(l,t) in order t*N + l, when collected
+    checkpoint_mlp: bool = False
 
 
 @dataclass
@@ -219,6 +226,7 @@ class LoopedLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.checkpoint_mlp = False  # activation checkpointing of each layer's MLP half (training)
 
     @property
     def num_loops(self) -> int:
@@ -283,7 +291,7 @@ class LoopedLM(nn.Module):
             cos, sin = rope_tables(positions[:, sl], self.inv_freq, x_all.dtype)
             cache.begin_chunk(sl.stop - sl.start, None if valid is None else valid[:, sl])
             step = LoopStep(cache, cos, sin, alpha, [None] * cfg.num_hidden_layers,
-                            [] if collect_attn_outputs else None)
+                            [] if collect_attn_outputs else None, self.checkpoint_mlp)
             lo, ex = self._run_chunk(x_all[:, sl], step, last_only=logits == "last" and sl.stop == L)
             cache.end_chunk()
             per_loop.append(lo)

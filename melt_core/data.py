@@ -1,0 +1,281 @@
+"""Training data: the paper's SFT mix (real path) and the embedded synthetic task.
+
+Every source is normalised to chat records ``{"messages": [{"role", "content"}, ...]}``,
+rendered with a template into token ids plus a loss mask (1 on assistant tokens), and
+packed into rows of ``seq_len`` tokens.
+
+Real path (METHOD.md section 3): 50% nvidia/AceReason-1.1-SFT (``input``/``output``
+columns) + 50% open-thoughts/OpenThoughts3 (``conversations`` of ``from``/``value``),
+through ``datasets``, rendered with Ouro's ChatML template in thinking mode.
+
+Embedded path: a digit-wise sum task. The prompt is two D-digit strings ``a+b=``; the answer
+gives a_i + b_i (0..18) as one symbol per position, so the answer is tens of tokens long and
+every token needs two retrievals and an addition. (A running sum mod 10 was tried first: its
+targets are uniform given any single input digit, so a tiny model gets no gradient signal
+and plateaus.) A character tokenizer saved in the transformers format.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CHAT_SPECIAL = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+TEMPLATES = ("plain", "chatml-thinking")
+
+
+class DataError(ValueError):
+    """A dataset is missing, empty or malformed; the message names the file and record."""
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def build_char_tokenizer(chars: str, out_dir: str | Path):
+    """A character-level ``PreTrainedTokenizerFast`` (ids: pad 0, bos 1, eos 2, ChatML 3-6, chars)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>", *CHAT_SPECIAL, "<unk>"]
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(set(chars)))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()  # characters join without spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>", unk_token="<unk>",
+                                  additional_special_tokens=CHAT_SPECIAL)
+    tok.save_pretrained(str(out_dir))
+    return tok
+
+
+def load_tokenizer(path: str | Path):
+    """A tokenizer saved in the transformers format (never with remote code)."""
+    from transformers import AutoTokenizer
+
+    if not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
+        raise DataError(f"{path}: no tokenizer.json / tokenizer_config.json; expected a tokenizer "
+                        "saved with save_pretrained (the checkpoint directory of the hub model)")
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+
+
+# ------------------------------------------------------------------------- synthetic task
+SUM_SYMBOLS = "0123456789abcdefghi"  # a_i + b_i in 0..18, one symbol per position
+
+
+def digit_sum_example(rng: random.Random, digits: int) -> dict:
+    a = [rng.randrange(10) for _ in range(digits)]
+    b = [rng.randrange(10) for _ in range(digits)]
+    prompt = "".join(map(str, a)) + "+" + "".join(map(str, b)) + "="
+    answer = "".join(SUM_SYMBOLS[x + y] for x, y in zip(a, b))
+    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
+
+
+def make_digit_sum_task(out_dir: str | Path, digits: int = 16, n_train: int = 20000,
+                        n_test: int = 256, seed: int = 0) -> dict[str, Path]:
+    """Write train.jsonl / test.jsonl (disjoint prompts) and the tokenizer into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    test, seen = [], set()
+    while len(test) < n_test:
+        ex = digit_sum_example(rng, digits)
+        key = ex["messages"][0]["content"]
+        if key not in seen:
+            seen.add(key)
+            test.append(ex)
+    train = []
+    while len(train) < n_train:
+        ex = digit_sum_example(rng, digits)
+        if ex["messages"][0]["content"] not in seen:
+            train.append(ex)
+    paths = {"train": out_dir / "train.jsonl", "test": out_dir / "test.jsonl"}
+    for split, records in (("train", train), ("test", test)):
+        write_jsonl(paths[split], records)
+    build_char_tokenizer("0123456789+=" + SUM_SYMBOLS, out_dir / "tokenizer")
+    paths["tokenizer"] = out_dir / "tokenizer"
+    return paths
+
+
+def write_jsonl(path: Path, records: Iterable[dict]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- records
+def normalise(record: dict, schema: str, where: str) -> dict:
+    """One source record -> ``{"messages": [...]}``. schema: chat | acereason | openthoughts."""
+    try:
+        if schema == "chat":
+            messages = record["messages"]
+        elif schema == "acereason":
+            messages = [{"role": "user", "content": record["input"]},
+                        {"role": "assistant", "content": record["output"]}]
+        elif schema == "openthoughts":
+            roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                     "system": "system"}
+            messages = [{"role": roles[m["from"]], "content": m["value"]} for m in record["conversations"]]
+        else:
+            raise DataError(f"unknown data schema {schema!r}; choose chat, acereason or openthoughts")
+    except (KeyError, TypeError) as err:
+        raise DataError(f"{where}: record does not follow the {schema!r} schema (missing {err})") from None
+    if not messages or not any(m.get("role") == "assistant" and m.get("content") for m in messages):
+        raise DataError(f"{where}: record has no assistant message to learn from")
+    return {"messages": messages}
+
+
+def read_jsonl(path: str | Path, schema: str = "chat", limit: int | None = None) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: dataset file not found")
+    out = []
+    with path.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+            out.append(normalise(raw, schema, f"{path}:{n}"))
+            if limit and len(out) >= limit:
+                break
+    if not out:
+        raise DataError(f"{path}: no records")
+    return out
+
+
+def read_hub(name: str, schema: str, split: str = "train", revision: str | None = None,
+             limit: int | None = None, seed: int = 0) -> list[dict]:
+    """Records of a hub dataset through ``datasets`` (needs network or a warm HF cache)."""
+    import datasets
+
+    ds = datasets.load_dataset(name, split=split, revision=revision)
+    if limit:
+        ds = ds.shuffle(seed=seed).select(range(min(limit, len(ds))))
+    return [normalise(r, schema, f"{name}[{i}]") for i, r in enumerate(ds)]
+
+
+def load_mixture(sources: list[dict], seed: int = 0) -> list[dict]:
+    """Mix sources by ``weight`` over ``total`` records. Each source: kind (jsonl|hub), path or
+    name, schema, weight, plus hub options (split, revision)."""
+    total = sum(s.get("weight", 1.0) for s in sources)
+    n_total = sources[0].get("total") if sources else None
+    records: list[dict] = []
+    for s in sources:
+        limit = int(round(n_total * s.get("weight", 1.0) / total)) if n_total else None
+        if s["kind"] == "jsonl":
+            records += read_jsonl(s["path"], s.get("schema", "chat"), limit)
+        elif s["kind"] == "hub":
+            records += read_hub(s["name"], s.get("schema", "chat"), s.get("split", "train"),
+                                s.get("revision"), limit, seed)
+        else:
+            raise DataError(f"data source kind {s['kind']!r} unknown; use jsonl or hub")
+    random.Random(seed).shuffle(records)
+    return records
+
+
+# ----------------------------------------------------------------------------- rendering
+def render(record: dict, tokenizer, template: str) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 = an assistant token to learn) for one chat record."""
+    ids, mask = [], []
+
+    def add(text: str, learn: bool, special: bool = False):
+        piece = tokenizer.encode(text, add_special_tokens=False) if text else []
+        ids.extend(piece)
+        mask.extend([int(learn)] * len(piece))
+
+    if template == "plain":  # <bos> user assistant <eos>
+        ids.append(tokenizer.bos_token_id)
+        mask.append(0)
+        for m in record["messages"]:
+            add(m["content"], m["role"] == "assistant")
+        ids.append(tokenizer.eos_token_id)
+        mask.append(1)
+    elif template == "chatml-thinking":  # Ouro's chat template, thinking mode
+        for m in record["messages"]:
+            add(f"<|im_start|>{m['role']}\n", False)
+            content = m["content"]
+            if m["role"] == "assistant" and not content.startswith("<think>"):
+                content = "<think>\n" + content
+            add(content + "<|im_end|>", m["role"] == "assistant")
+            add("\n", False)
+    else:
+        raise DataError(f"unknown chat template {template!r}; choose one of {TEMPLATES}")
+    return ids, mask
+
+
+def prompt_ids(record: dict, tokenizer, template: str) -> list[int]:
+    """The prompt a model is asked to complete at evaluation (everything before the answer)."""
+    user = [m for m in record["messages"] if m["role"] != "assistant"]
+    if template == "plain":
+        return [tokenizer.bos_token_id] + tokenizer.encode(user[-1]["content"], add_special_tokens=False)
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in user)
+    return tokenizer.encode(text + "<|im_start|>assistant\n<think>\n", add_special_tokens=False)
+
+
+@dataclass
+class PackedData:
+    """Rendered records packed into rows of ``seq_len`` tokens; deterministic batches by step."""
+
+    ids: torch.Tensor  # (rows, seq_len)
+    loss_mask: torch.Tensor  # (rows, seq_len) over the *targets*, i.e. aligned with ids[:, 1:]
+    seed: int = 0
+
+    @classmethod
+    def build(cls, records: list[dict], tokenizer, template: str, seq_len: int, seed: int = 0,
+              pack: bool = True) -> PackedData:
+        if not records:
+            raise DataError("no training records: the dataset is empty")
+        stream_ids, stream_mask, rows_ids, rows_mask = [], [], [], []
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        for r in records:
+            ids, mask = render(r, tokenizer, template)
+            if not pack:
+                ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
+                fill = seq_len + 1 - len(ids)
+                rows_ids.append(ids + [pad] * fill)
+                rows_mask.append(mask + [0] * fill)
+                continue
+            stream_ids += ids
+            stream_mask += mask
+            while len(stream_ids) >= seq_len + 1:  # each row carries one extra token as its last target
+                rows_ids.append(stream_ids[:seq_len + 1])
+                rows_mask.append(stream_mask[:seq_len + 1])
+                stream_ids, stream_mask = stream_ids[seq_len:], stream_mask[seq_len:]
+        if not rows_ids:
+            raise DataError(f"the records hold fewer than seq_len+1={seq_len + 1} tokens in all; "
+                            "lower seq_len or add data")
+        ids = torch.tensor(rows_ids)
+        mask = torch.tensor(rows_mask)[:, 1:]
+        if int(mask.sum()) == 0:
+            raise DataError("no token to learn: no assistant content survived rendering")
+        return cls(ids, mask, seed)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.ids.shape[1] - 1
+
+    def batch(self, step: int, batch_size: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of global batch ``step`` that belong to ``rank``; a pure function of (seed, step)."""
+        order = self._order(step * batch_size // len(self))
+        start = step * batch_size
+        idx = [order[(start + i) % len(self)] for i in range(batch_size)]
+        per = batch_size // world
+        mine = idx[rank * per:(rank + 1) * per]
+        return self.ids[mine], self.loss_mask[mine]
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self)))
+        random.Random(self.seed * 100_003 + epoch).shuffle(order)
+        return order
+
+

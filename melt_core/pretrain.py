@@ -1,0 +1,123 @@
+"""The embedded default's stand-in for downloading Ouro: pretrain a tiny Ouro-architecture
+LoopLM on the synthetic task, so the same conversion and Phase 1 / Phase 2 code has a real
+teacher to start from. Objective: cross-entropy of the final loop's logits on answer tokens.
+The result is an Ouro checkpoint directory (with its tokenizer) in the hub layout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .checkpoint import save_pretrained
+from .config import ModelConfig
+from .data import PackedData, load_tokenizer, prompt_ids, read_jsonl
+from .generate import SamplingParams, generate
+from .losses import lm_loss_sum
+from .model import LoopedLM
+from .tracking import NullLogger
+
+
+@dataclass
+class PretrainConfig:
+    train_file: str
+    test_file: str
+    tokenizer: str
+    out_dir: str
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    total_ut_steps: int = 4
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    init_std: float = 0.02
+    seed: int = 0
+    eval_examples: int = 256
+    min_exact_match: float = 0.9  # the teacher must reach this on the held-out split
+    progress: bool = True
+
+
+def init_weights(model: nn.Module, std: float, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=generator) * std)
+                if getattr(mod, "bias", None) is not None:
+                    mod.bias.zero_()
+
+
+@torch.no_grad()
+def greedy_exact_match(model: LoopedLM, records: list[dict], tokenizer, template: str = "plain",
+                       max_new_tokens: int | None = None, batch_size: int = 64, **gen_kw) -> dict:
+    """Share of records whose greedy completion equals the reference assistant answer."""
+    answers = [next(m["content"] for m in r["messages"] if m["role"] == "assistant") for r in records]
+    max_new = max_new_tokens or max(len(tokenizer.encode(a, add_special_tokens=False)) for a in answers) + 1
+    prompts = [prompt_ids(r, tokenizer, template) for r in records]
+    outs = generate(model, prompts, SamplingParams(max_new_tokens=max_new, greedy=True,
+                                                   stop_token_ids=(tokenizer.eos_token_id,)),
+                    batch_size=batch_size, **gen_kw)
+    preds = [tokenizer.decode(o[0].token_ids, skip_special_tokens=True) for o in outs]
+    hits = [p == a for p, a in zip(preds, answers)]
+    return {"exact_match": sum(hits) / len(hits), "n": len(hits), "predictions": preds}
+
+
+def pretrain(cfg: PretrainConfig, logger=None) -> dict:
+    logger = logger or NullLogger()
+    torch.manual_seed(cfg.seed)
+    tok = load_tokenizer(cfg.tokenizer)
+    train_records, test_records = read_jsonl(cfg.train_file), read_jsonl(cfg.test_file)
+    seq_len = max(len(prompt_ids(r, tok, "plain")) for r in train_records[:100]) * 2
+    data = PackedData.build(train_records, tok, "plain", seq_len, seed=cfg.seed, pack=False)
+    model_cfg = ModelConfig(
+        model_type="ouro", vocab_size=len(tok), hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
+        total_ut_steps=cfg.total_ut_steps, max_position_embeddings=1024, rope_theta=10_000.0,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = LoopedLM(model_cfg)
+    init_weights(model, cfg.init_std, torch.Generator().manual_seed(cfg.seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    logger.log_params(asdict(cfg))
+    t0 = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc="pretrain teacher", disable=not cfg.progress, dynamic_ncols=True)
+    for step in bar:
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ids, mask = data.batch(step, cfg.batch_size)
+        out = model(ids[:, :-1], logits="all")
+        loss = lm_loss_sum(out.logits, ids[:, 1:], mask) / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0 or step == cfg.steps - 1:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+            logger.log_metrics({"pretrain/loss": loss.item(), "pretrain/lr": lr}, step=step)
+    model.eval()
+    result = greedy_exact_match(model, test_records[:cfg.eval_examples], tok)
+    report = {"exact_match": result["exact_match"], "n_eval": result["n"], "steps": cfg.steps,
+              "train_seconds": time.perf_counter() - t0, "final_loss": loss.item(),
+              "parameters": sum(p.numel() for p in model.parameters())}
+    logger.log_metrics({"teacher/exact_match": report["exact_match"]})
+    if report["exact_match"] < cfg.min_exact_match:
+        raise RuntimeError(f"the tiny teacher reached only {report['exact_match']:.3f} greedy exact-match "
+                           f"on the held-out split (need >= {cfg.min_exact_match}); raise pretrain.steps")
+
+    def extras(tmp: Path) -> None:
+        tok.save_pretrained(str(tmp))
+        (tmp / "pretrain_report.json").write_text(json.dumps(report, indent=2))
+
+    save_pretrained(model, cfg.out_dir, extra_config={"pretrain_report": report}, write_extra=extras)
+    return report

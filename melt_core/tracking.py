@@ -1,0 +1,123 @@
+"""Experiment tracking. Library code is handed a logger and never asks whether logging is on:
+``NullLogger`` does nothing, ``MlflowLogger`` mirrors params, metrics and artifacts to MLflow.
+
+Tracking URI: ``MLFLOW_TRACKING_URI`` when set (a team's server), else the embedded SQLite
+store given by the caller (the workflow uses ``results/mlflow.db``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+class NullLogger:
+    run_id: str | None = None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close("FAILED" if exc_type else "FINISHED")
+        return False
+
+
+_BAD_KEY = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def metric_key(name: str) -> str:
+    """MLflow accepts alphanumerics, _ - . space and /; map anything else to _."""
+    return _BAD_KEY.sub("_", name)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[metric_key(key)] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
+    return out
+
+
+def config_hash(cfg: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class MlflowLogger(NullLogger):
+    """One MLflow run. ``parent_run_id`` nests it under a parent (a stage with parts)."""
+
+    def __init__(self, experiment: str, run_name: str, tracking_uri: str | None = None,
+                 tags: dict[str, str] | None = None, parent_run_id: str | None = None):
+        import mlflow
+
+        self._mlflow = mlflow
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
+        if uri:
+            if uri.startswith("sqlite:///"):
+                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            mlflow.set_tracking_uri(uri)
+        self._client = mlflow.tracking.MlflowClient()
+        exp = self._client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else self._client.create_experiment(experiment)
+        all_tags = {"mlflow.runName": run_name, "git_commit": git_commit(), **(tags or {})}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        self.run_id = self._client.create_run(exp_id, tags=all_tags).info.run_id
+
+    def log_params(self, params):
+        for k, v in flatten(params).items():
+            self._client.log_param(self.run_id, k[:250], v[:6000])
+
+    def log_metrics(self, metrics, step=None):
+        for k, v in metrics.items():
+            if v is not None:
+                self._client.log_metric(self.run_id, metric_key(k), float(v), step=step or 0)
+
+    def log_artifact(self, path, artifact_path=None):
+        path = Path(path)
+        if path.is_dir():
+            self._client.log_artifacts(self.run_id, str(path), artifact_path)
+        elif path.exists():
+            self._client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def set_tags(self, tags):
+        for k, v in tags.items():
+            self._client.set_tag(self.run_id, k, v)
+
+    def close(self, status="FINISHED"):
+        if self.run_id:
+            self._client.set_terminated(self.run_id, status)
+            self.run_id = None
+
+
+def make_logger(spec: dict[str, Any] | None, run_name: str, tags: dict[str, str] | None = None):
+    """A logger from a config block ``{experiment, tracking_uri, parent_run_id}``; None -> NullLogger."""
+    if not spec or not spec.get("enabled", True):
+        return NullLogger()
+    return MlflowLogger(spec.get("experiment", "melt"), run_name, spec.get("tracking_uri"),
+                        {**(spec.get("tags") or {}), **(tags or {})}, spec.get("parent_run_id"))

@@ -1,0 +1,443 @@
+"""Chunk-wise MELT training (METHOD.md section 3): ``train(cfg)`` runs the same in a test, in a
+local process and in a SLURM job (see melt_core/launch.py).
+
+Student = Ouro weights + gates (a converted MELT checkpoint); teacher = the original Ouro,
+frozen. Each step:
+
+    teacher: Ouro forward over the whole sequence (parallel, exact), no grad
+    student: MELT forward in chunks of C tokens (chunks in order; the tokens of a chunk in
+             parallel through all T loops, reading earlier chunks' final rows)
+    loss   = KD (KL teacher_t || student_t, averaged over loops)  + beta * alignment
+
+Phases run back to back, each with an alpha schedule (Phase 1: 0 -> 1, the interpolated
+transition) and an alignment weight beta (Phase 2: 0.1). The paper's ablations are switches:
+``kd_loops: final``, ``chunk_size: null`` (fully parallel), ``alpha 1 -> 1`` (no interpolation),
+one phase only (no alignment).
+
+Checkpoints (every ``checkpoint_every`` steps, written then renamed) hold the student,
+optimizer, step, RNG states; the data position is a function of the step. A restarted run
+resumes from the newest complete checkpoint and ends bitwise equal (CPU) to an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from . import checkpoint as ck
+from .config import ConfigError, ModelConfig
+from .data import PackedData, load_mixture, load_tokenizer
+from .losses import alignment_loss_sum, kd_loss_sum, token_count
+from .tracking import NullLogger, config_hash, make_logger
+
+
+@dataclass
+class PhaseConfig:
+    name: str
+    steps: int
+    alpha_start: float = 1.0  # Phase 1 (v2): 0.0 -> 1.0 linearly over the phase
+    alpha_end: float = 1.0
+    align_beta: float = 0.0  # Phase 2: 0.1
+
+    def alpha(self, step_in_phase: int) -> float:
+        if self.steps <= 1:
+            return self.alpha_end
+        frac = step_in_phase / (self.steps - 1)
+        return self.alpha_start + (self.alpha_end - self.alpha_start) * frac
+
+
+@dataclass
+class DataConfig:
+    sources: list[dict[str, Any]]  # see melt_core.data.load_mixture
+    tokenizer: str
+    template: str = "chatml-thinking"
+    seq_len: int = 10_000
+    total: int | None = None  # records drawn from the mixture (paper: ~32K)
+    loss_on: str = "assistant"  # KD on assistant tokens only ("assistant") or on every token ("all")
+
+
+@dataclass
+class TrainConfig:
+    student: str  # MELT checkpoint directory (melt_core.convert)
+    teacher: str  # Ouro checkpoint directory
+    out_dir: str
+    data: DataConfig
+    phases: list[PhaseConfig]
+    chunk_size: int | None = 500  # C; null = fully parallel (the "-chunking" ablation)
+    batch_size: int = 32  # sequences per optimizer step, over all ranks
+    micro_batch_size: int | None = None  # per rank per forward; None = batch_size / world
+    lr_model: float = 8e-6
+    lr_gate: float | None = 5e-4  # None for gates without parameters (mean / ema / last)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 0
+    grad_clip: float | None = 1.0
+    kd_loops: str = "all"  # all | final
+    kd_temperature: float = 1.0
+    detach_past: bool = False  # True: no gradient into earlier chunks' rows (truncated BPTT)
+    seed: int = 0
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    device: str = "auto"  # auto | cpu | cuda
+    autocast_bf16: bool = False  # bf16 autocast on GPU
+    activation_checkpointing: bool = False  # recompute each layer's MLP half in backward
+    sharding: str = "ddp"  # ddp (replicate) | fsdp (shard student + optimizer over ranks)
+    log_every: int = 1
+    progress: bool = True
+    mlflow: dict[str, Any] | None = None  # {experiment, tracking_uri, tags, parent_run_id}
+    run_name: str = "train"
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
+        raw = dict(raw)
+        _reject_unknown(cls, raw, "train")
+        _reject_unknown(DataConfig, raw.get("data", {}), "train.data")
+        for i, p in enumerate(raw.get("phases", [])):
+            _reject_unknown(PhaseConfig, p, f"train.phases[{i}]")
+        raw["data"] = DataConfig(**raw["data"])
+        raw["phases"] = [PhaseConfig(**p) for p in raw["phases"]]
+        if "betas" in raw:
+            raw["betas"] = tuple(raw["betas"])
+        cfg = cls(**raw)
+        cfg.validate()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @property
+    def total_steps(self) -> int:
+        return sum(p.steps for p in self.phases)
+
+    def phase_at(self, step: int) -> tuple[PhaseConfig, int]:
+        for p in self.phases:
+            if step < p.steps:
+                return p, step
+            step -= p.steps
+        raise IndexError(step)
+
+    def validate(self) -> None:
+        def need(cond, name, msg):
+            if not cond:
+                raise ConfigError(f"train config field `{name}`: {msg}")
+
+        need(self.chunk_size is None or (isinstance(self.chunk_size, int) and self.chunk_size >= 1),
+             "chunk_size", f"must be an integer >= 1 or null (fully parallel), got {self.chunk_size!r}")
+        need(self.phases, "phases", "at least one phase is needed")
+        for i, p in enumerate(self.phases):
+            need(p.steps >= 1, f"phases[{i}].steps", f"must be >= 1, got {p.steps}")
+            for name in ("alpha_start", "alpha_end"):
+                v = getattr(p, name)
+                need(0.0 <= v <= 1.0, f"phases[{i}].{name}", f"the alpha schedule must stay in [0, 1], got {v}")
+            need(p.align_beta >= 0, f"phases[{i}].align_beta", f"must be >= 0, got {p.align_beta}")
+        need(self.kd_loops in ("all", "final"), "kd_loops", f"must be 'all' or 'final', got {self.kd_loops!r}")
+        need(self.sharding in ("ddp", "fsdp"), "sharding", f"must be ddp or fsdp, got {self.sharding!r}")
+        need(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        need(self.data.loss_on in ("assistant", "all"), "data.loss_on",
+             f"must be 'assistant' or 'all', got {self.data.loss_on!r}")
+        need(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+
+    def validate_models(self, student: ModelConfig, teacher: ModelConfig) -> None:
+        """Checks that need the checkpoints' configs; run before any compute."""
+        if not student.is_melt:
+            raise ConfigError(f"train.student {self.student}: model_type {student.model_type!r}; "
+                              "convert the Ouro checkpoint first (python -m melt_core.convert)")
+        if teacher.is_melt:
+            raise ConfigError(f"train.teacher {self.teacher}: the teacher must be the original Ouro")
+        for f in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim", "total_ut_steps"):
+            if getattr(student, f) != getattr(teacher, f):
+                raise ConfigError(f"teacher and student differ in {f}: {getattr(teacher, f)} vs "
+                                  f"{getattr(student, f)}; the student must be converted from this teacher")
+        has_gate_params = student.gate in ("elementwise", "scalar")
+        if self.lr_gate is not None and not has_gate_params:
+            raise ConfigError(f"train config field `lr_gate`: set to {self.lr_gate} but gate "
+                              f"{student.gate!r} has no parameters; set lr_gate: null")
+        if self.lr_gate is None and has_gate_params:
+            raise ConfigError(f"train config field `lr_gate`: the {student.gate} gate has parameters; "
+                              "give them a learning rate (paper: 5e-4)")
+        if self.data.seq_len > student.max_position_embeddings:
+            raise ConfigError(f"train config field `data.seq_len`: {self.data.seq_len} is longer than "
+                              f"the model's max_position_embeddings={student.max_position_embeddings}")
+
+
+def _reject_unknown(cls, raw: dict, where: str) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; known fields are {sorted(known)}")
+
+
+# ------------------------------------------------------------------------ distributed
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> Dist:
+    """Join the process group described by the environment (torchrun / submitit export)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def _all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+# ------------------------------------------------------------------------ checkpoints
+STATE = "trainer_state.pt"
+# Seconds to sleep after each step: lets the interruption tests kill a run mid-way.
+_STEP_DELAY = float(os.environ.get("MELT_TRAIN_STEP_DELAY", "0"))
+
+
+def _checkpoints(out_dir: Path) -> list[Path]:
+    root = out_dir / "checkpoints"
+    return sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if root.is_dir() else []
+
+
+def _save_checkpoint(out_dir: Path, step: int, student, optimizer, cfg: TrainConfig, keep: int) -> Path:
+    dest = out_dir / "checkpoints" / f"step-{step:07d}"
+    extra = {"train_config_hash": config_hash(_resume_key(cfg)), "train_step": step}
+    ck.save_pretrained(student, dest, extra_config=extra)  # atomic: temp dir then rename
+    state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+             "python_rng": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    tmp = dest / (STATE + ".tmp")
+    torch.save(state, tmp)
+    tmp.replace(dest / STATE)  # the state file appears last: its presence marks the checkpoint complete
+    for old in _checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def _resume_key(cfg: TrainConfig) -> dict:
+    """The fields a checkpoint must agree on to be resumed (not logging, not paths)."""
+    d = cfg.to_dict()
+    for k in ("out_dir", "progress", "mlflow", "log_every", "run_name", "keep_checkpoints", "device"):
+        d.pop(k, None)
+    return d
+
+
+def latest_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:
+    complete = [p for p in _checkpoints(out_dir) if (p / STATE).is_file()]
+    if not complete:
+        return None
+    last = complete[-1]
+    saved = json.loads((last / "config.json").read_text()).get("train_config_hash")
+    if saved != config_hash(_resume_key(cfg)):
+        raise ConfigError(f"{last}: this checkpoint was written by a different training config; "
+                          f"use another out_dir or delete {out_dir / 'checkpoints'} to start over")
+    return last
+
+
+# ------------------------------------------------------------------------ training
+def _device(cfg: TrainConfig, d: Dist) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", d.local_rank if torch.cuda.is_available() else 0)
+    return torch.device("cpu")
+
+
+def _lr_factor(step: int, warmup: int) -> float:
+    return min(1.0, (step + 1) / warmup) if warmup else 1.0
+
+
+def build_optimizer(student, cfg: TrainConfig) -> torch.optim.Optimizer:
+    gate_ids = {id(p) for p in student.melt_parameters()}
+    groups = [{"params": [p for p in student.parameters() if id(p) not in gate_ids], "lr": cfg.lr_model,
+               "name": "model"}]
+    if gate_ids:
+        groups.append({"params": student.melt_parameters(), "lr": cfg.lr_gate, "name": "gate"})
+    return torch.optim.AdamW(groups, betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+def train(cfg: TrainConfig | dict, logger=None) -> Path:
+    """Run (or resume) training; returns the final MELT checkpoint directory ``out_dir/final``."""
+    if isinstance(cfg, dict):
+        cfg = TrainConfig.from_dict(cfg)
+    cfg.validate()
+    out_dir = Path(cfg.out_dir)
+    student_cfg, teacher_cfg = ck.read_config(cfg.student), ck.read_config(cfg.teacher)
+    cfg.validate_models(student_cfg, teacher_cfg)
+    device = _device(cfg, Dist())
+    d = init_distributed(device)
+    device = _device(cfg, d)
+    if cfg.batch_size % d.world:
+        raise ConfigError(f"train config field `batch_size`: {cfg.batch_size} is not divisible by "
+                          f"the {d.world} data-parallel ranks")
+    per_rank = cfg.batch_size // d.world
+    micro = cfg.micro_batch_size or per_rank
+    if per_rank % micro:
+        raise ConfigError(f"train config field `micro_batch_size`: {micro} does not divide the "
+                          f"{per_rank} sequences per rank")
+
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    records = load_mixture(cfg.data.sources, seed=cfg.seed) if cfg.data.total is None else \
+        load_mixture([{**s, "total": cfg.data.total} for s in cfg.data.sources], seed=cfg.seed)
+    data = PackedData.build(records, tokenizer, cfg.data.template, cfg.data.seq_len, seed=cfg.seed)
+    if cfg.data.loss_on == "all":
+        data.loss_mask = torch.ones_like(data.loss_mask)
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    resume = latest_checkpoint(out_dir, cfg)
+    student = ck.load_pretrained(resume or cfg.student, dtype=torch.float32, device=device).train()
+    teacher = ck.load_pretrained(cfg.teacher, dtype=torch.float32, device=device).eval()
+    teacher.requires_grad_(False)
+    student.checkpoint_mlp = cfg.activation_checkpointing
+    optimizer = build_optimizer(student, cfg)
+    start = 0
+    if resume is not None:
+        state = torch.load(resume / STATE, map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(_as_tuple(state["python_rng"]))
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        start = state["step"]
+    if cfg.sharding == "fsdp" and d.world > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in student.model.layers:
+            fully_shard(layer)
+        fully_shard(student)
+
+    logger = logger or (make_logger(cfg.mlflow, cfg.run_name, {"stage": "train"}) if d.main else NullLogger())
+    if d.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        logger.log_params({**cfg.to_dict(), "resumed_from_step": start})
+    metrics_path = out_dir / "metrics.jsonl"
+    bar = tqdm(range(start, cfg.total_steps), initial=start, total=cfg.total_steps, desc=cfg.run_name,
+               disable=not (cfg.progress and d.main), dynamic_ncols=True)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (cfg.autocast_bf16 and device.type == "cuda") \
+        else torch.autocast("cpu", enabled=False)
+    grad_scale = d.world if (cfg.sharding == "fsdp" and d.world > 1) else 1  # FSDP averages; we want sums
+    for step in bar:
+        phase, in_phase = cfg.phase_at(step)
+        alpha = phase.alpha(in_phase)
+        for g in optimizer.param_groups:
+            g["lr"] = (cfg.lr_model if g["name"] == "model" else cfg.lr_gate) * _lr_factor(step, cfg.warmup_steps)
+        ids, mask = data.batch(step, cfg.batch_size, d.rank, d.world)
+        ids, mask = ids.to(device), mask.to(device)
+        n_tokens = _all_reduce_sum(token_count(mask).to(device), d)
+        n_positions = _all_reduce_sum(torch.tensor(float(mask.numel()), dtype=torch.float64, device=device), d)
+        t0 = time.perf_counter()
+        totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss, kd, align
+        optimizer.zero_grad(set_to_none=True)
+        for m0 in range(0, ids.shape[0], micro):
+            mb_ids, mb_mask = ids[m0:m0 + micro], mask[m0:m0 + micro]
+            with autocast:
+                kd, align = _losses(student, teacher, mb_ids, mb_mask, alpha, phase.align_beta, cfg)
+                kd_part = kd / n_tokens
+                align_part = phase.align_beta * align / n_positions if phase.align_beta else kd_part * 0
+                loss = kd_part + align_part
+            (loss * grad_scale).backward()
+            totals += torch.stack([loss.detach(), kd_part.detach(), align_part.detach()]).double()
+        if cfg.sharding == "ddp":
+            _all_reduce_grads(student, d)
+        grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip or float("inf"))
+        optimizer.step()
+        totals = _all_reduce_sum(totals, d)
+        elapsed = time.perf_counter() - t0
+        tok_s = cfg.batch_size * data.seq_len / elapsed
+        row = {"step": step + 1, "loss": totals[0].item(), "kd": totals[1].item(), "align": totals[2].item(),
+               "alpha": alpha, "phase": phase.name, "grad_norm": float(grad_norm), "tokens_per_s": tok_s}
+        if d.main:
+            bar.set_postfix(loss=f"{row['loss']:.4f}", kd=f"{row['kd']:.4f}", align=f"{row['align']:.4f}",
+                            alpha=f"{alpha:.2f}", tok_s=f"{tok_s:.0f}")
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.total_steps:
+                with metrics_path.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                logger.log_metrics({k: v for k, v in row.items() if k != "phase"}, step=step + 1)
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps and d.main:
+            _save_checkpoint(out_dir, step + 1, _unwrap(student), optimizer, cfg, cfg.keep_checkpoints)
+        if _STEP_DELAY:
+            time.sleep(_STEP_DELAY)
+        if d.world > 1:
+            dist.barrier()
+    final = out_dir / "final"
+    if d.main:
+        ck.save_pretrained(_unwrap(student), final, extra_config={"trained_steps": cfg.total_steps,
+                                                                  "train_config_hash": config_hash(_resume_key(cfg))})
+        logger.log_artifact(out_dir / "train_config.json")
+        logger.log_artifact(metrics_path)
+        logger.set_tags({"final_checkpoint": str(final.resolve())})
+        logger.close()
+    if d.world > 1:
+        dist.barrier()
+    return final
+
+
+def _as_tuple(x):
+    return tuple(_as_tuple(i) for i in x) if isinstance(x, (list, tuple)) else x
+
+
+def _unwrap(model):
+    return model
+
+
+def _losses(student, teacher, ids, mask, alpha, beta, cfg: TrainConfig):
+    inp = ids[:, :-1]
+    need_align = beta > 0
+    with torch.no_grad():
+        t_out = teacher(inp, collect_attn_outputs=need_align)
+    cache = student.new_cache(detach_past=cfg.detach_past)
+    chunk = cfg.chunk_size or inp.shape[1]
+    s_out = student(inp, cache=cache, chunk_size=chunk, alpha=alpha, collect_attn_outputs=need_align)
+    kd = kd_loss_sum(s_out.per_loop_logits, t_out.per_loop_logits, mask, cfg.kd_loops, cfg.kd_temperature)
+    align = alignment_loss_sum(s_out.attn_outputs, t_out.attn_outputs) if need_align else None
+    return kd, align
+
+
+def _all_reduce_grads(model, d: Dist) -> None:
+    """Sum gradients over ranks (each rank's loss is already divided by the global token count)."""
+    if d.world == 1:
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    import yaml
+
+    p = argparse.ArgumentParser(description="Chunk-wise MELT training from a YAML/JSON config")
+    p.add_argument("config", help="train config file (the `train` block of the workflow config)")
+    a = p.parse_args(argv)
+    raw = yaml.safe_load(Path(a.config).read_text())
+    print(train(TrainConfig.from_dict(raw)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Protects the training loop: configs that contradict themselves fail before any compute;
+alpha = 0 starts from exactly the teacher (zero KD); the losses fall; gradient accumulation
+and 2-process data parallelism give the full-batch result; a killed run resumes to
+bitwise the same weights; checkpoints are never half-written."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import tiny_setup, train_config
+
+from melt_core import ConfigError
+from melt_core.data import DataError
+from melt_core.train import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    return root, *tiny_setup(root)
+
+
+def cfg_for(setup, out, **over):
+    root, paths, teacher, student = setup
+    return train_config(root, paths, teacher, student, out, **over)
+
+
+def weights(path):
+    return load_file(str(path / "model.safetensors"))
+
+
+def read_metrics(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_alpha_zero_starts_at_the_teacher_and_losses_fall(setup):
+    cfg = cfg_for(setup, "basic", phases=[
+        {"name": "phase1", "steps": 12, "alpha_start": 0.0, "alpha_end": 1.0},
+        {"name": "phase2", "steps": 6, "align_beta": 0.1}])
+    final = train(cfg)
+    rows = read_metrics(setup[0] / "basic")
+    assert rows[0]["kd"] < 1e-6 and rows[0]["alpha"] == 0.0  # student == teacher at alpha = 0
+    assert rows[11]["alpha"] == 1.0 and rows[12]["phase"] == "phase2" and rows[12]["align"] > 0
+    assert rows[-1]["kd"] < rows[12]["kd"]  # Phase 2 learns
+    assert (final / "config.json").is_file() and json.loads((final / "config.json").read_text())["model_type"] == "melt"
+    saved = json.loads((setup[0] / "basic" / "train_config.json").read_text())
+    assert saved["chunk_size"] == 4  # the resolved config sits beside the checkpoint
+
+
+def test_gradient_accumulation_equals_full_batch(setup):
+    a = train(cfg_for(setup, "full_batch", checkpoint_every=100))
+    b = train(cfg_for(setup, "micro", micro_batch_size=1, checkpoint_every=100))
+    for ra, rb in zip(read_metrics(setup[0] / "full_batch"), read_metrics(setup[0] / "micro")):
+        assert math.isclose(ra["loss"], rb["loss"], rel_tol=1e-6)
+        assert math.isclose(ra["align"], rb["align"], rel_tol=1e-6, abs_tol=1e-12)
+    for k, v in weights(a).items():  # Adam amplifies rounding differences in near-zero gradients
+        torch.testing.assert_close(weights(b)[k], v, atol=2e-5, rtol=1e-4)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_processes_equal_one(setup, tmp_path):
+    one = train(cfg_for(setup, "one_proc", checkpoint_every=100))
+    cfg = cfg_for(setup, "two_proc", checkpoint_every=100)
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(json.dumps(cfg))
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "melt_core.train", str(cfg_file)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+    two = setup[0] / "two_proc" / "final"
+    for ra, rb in zip(read_metrics(setup[0] / "one_proc"), read_metrics(setup[0] / "two_proc")):
+        assert math.isclose(ra["loss"], rb["loss"], rel_tol=1e-6)
+    for k, v in weights(one).items():
+        torch.testing.assert_close(weights(two)[k], v, atol=2e-5, rtol=1e-4)
+
+
+def test_killed_run_resumes_bitwise(setup, tmp_path):
+    steps = [{"name": "phase1", "steps": 4, "alpha_start": 0.0, "alpha_end": 1.0},
+             {"name": "phase2", "steps": 4, "align_beta": 0.1}]
+    ref = train(cfg_for(setup, "uninterrupted", phases=steps))
+    cfg = cfg_for(setup, "interrupted", phases=steps)
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(json.dumps(cfg))
+    env = {**os.environ, "MELT_TRAIN_STEP_DELAY": "0.5"}  # slow steps so the kill lands mid-run
+    proc = subprocess.Popen([sys.executable, "-m", "melt_core.train", str(cfg_file)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck4 = setup[0] / "interrupted" / "checkpoints" / "step-0000004" / "trainer_state.pt"
+    deadline = time.time() + 120
+    while not ck4.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert ck4.exists() and not (setup[0] / "interrupted" / "final").exists(), "the kill came too late"
+    resumed = train(cfg)
+    rows = read_metrics(setup[0] / "interrupted")
+    assert rows[-1]["step"] == 8
+    a, b = weights(ref), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoint_from_a_different_config_is_refused(setup):
+    train(cfg_for(setup, "other", checkpoint_every=2))
+    changed = cfg_for(setup, "other", checkpoint_every=2, lr_model=5e-4)
+    with pytest.raises(ConfigError, match="written by a different training config"):
+        train(changed)
+
+
+@pytest.mark.parametrize("override,pattern", [
+    ({"chunk_size": 0}, "`chunk_size`: must be an integer >= 1 or null"),
+    ({"phases": [{"name": "p", "steps": 2, "alpha_start": -0.5}]}, r"`phases\[0\]\.alpha_start`: .*\[0, 1\]"),
+    ({"kd_loops": "some"}, "`kd_loops`"),
+    ({"lr_mdoel": 1e-3}, r"unknown field\(s\) \['lr_mdoel'\]"),
+])
+def test_contradictory_configs_fail_before_compute(setup, override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        train(cfg_for(setup, "bad", **override))
+    assert not (setup[0] / "bad").exists()
+
+
+def test_model_mismatches_fail_before_compute(setup, tmp_path):
+    root, paths, teacher, student = setup
+    with pytest.raises(ConfigError, match="seq_len`: 4096 is longer than the model's max_position_embeddings=128"):
+        train(cfg_for(setup, "bad", data={**cfg_for(setup, "x")["data"], "seq_len": 4096}))
+    with pytest.raises(ConfigError, match="gate 'mean' has no parameters; set lr_gate: null"):
+        mean_student = tiny_setup(tmp_path, gate="mean")[2]
+        train(cfg_for(setup, "bad", student=str(mean_student)))
+    other = tiny_setup(tmp_path / "wide", digits=4)
+    cfgw = json.loads((other[1] / "config.json").read_text())
+    cfgw["num_hidden_layers"] = 3
+    (other[1] / "config.json").write_text(json.dumps(cfgw))
+    with pytest.raises(ConfigError, match="teacher and student differ in num_hidden_layers: 3 vs 2"):
+        train(cfg_for(setup, "bad", teacher=str(other[1])))
+    with pytest.raises(ConfigError, match="convert the Ouro checkpoint first"):
+        train(cfg_for(setup, "bad", student=str(teacher)))
+
+
+def test_empty_and_malformed_datasets(setup, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    data = cfg_for(setup, "x")["data"]
+    with pytest.raises(DataError, match="empty.jsonl: no records"):
+        train(cfg_for(setup, "bad", data={**data, "sources": [{"kind": "jsonl", "path": str(empty)}]}))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"messages": [{"role": "user", "content": "1+1="}]}\n')
+    with pytest.raises(DataError, match=r"broken.jsonl:1: record has no assistant message"):
+        train(cfg_for(setup, "bad", data={**data, "sources": [{"kind": "jsonl", "path": str(broken)}]}))
+
+
+def test_train_config_round_trips():
+    raw = {"student": "s", "teacher": "t", "out_dir": "o",
+           "data": {"sources": [], "tokenizer": "tok", "seq_len": 8},
+           "phases": [{"name": "p1", "steps": 2, "alpha_start": 0.0}]}
+    cfg = TrainConfig.from_dict(raw)
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.phases[0].alpha(0) == 0.0 and cfg.phases[0].alpha(1) == 1.0
