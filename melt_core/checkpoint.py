@@ -225,16 +225,23 @@ def melt_from_ouro(ouro: LoopedLM, gate: str = "elementwise", window: int = 0,
 def convert_ouro_to_melt(src: str | Path, dst: str | Path, **gate_options) -> Path:
     """Load an Ouro checkpoint directory, add gates, save a MELT checkpoint directory.
 
-    Files beside the weights (tokenizer, chat template, generation config) are copied along.
+    The tokenizer, chat template and generation config beside the weights are copied along.
     """
     src = Path(src)
     melt = melt_from_ouro(load_pretrained(src), **gate_options)
     record = {"converted_from": str(src), "gate_init": f"normal(0, {melt.config.gate_init_std}^2), "
               f"bias {melt.config.gate_bias_init}, seed {gate_options.get('seed', 0)}"}
+    return save_pretrained(melt, dst, extra_config=record, write_extra=side_file_copier(src))
 
-    def copy_side_files(tmp: Path) -> None:
-        for f in src.iterdir():
-            if f.is_file() and f.name != "config.json" and not f.name.startswith("model"):
-                shutil.copy2(f, tmp / f.name)
 
-    return save_pretrained(melt, dst, extra_config=record, write_extra=copy_side_files)
+SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+              "added_tokens.json", "chat_template.jinja", "generation_config.json")
+
+
+def side_file_copier(src: str | Path):
+    """``write_extra`` for save_pretrained: carry the tokenizer and generation files of ``src`` along."""
+    def copy(tmp: Path) -> None:
+        for name in SIDE_FILES:
+            if (Path(src) / name).is_file():
+                shutil.copy2(Path(src) / name, tmp / name)
+    return copy

@@ -183,5 +183,5 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-1.7b-shape": dict(model_type="ouro", vocab_size=151936, hidden_size=2048,
                              intermediate_size=6144, num_hidden_layers=28,
                              num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                             total_ut_steps=1, max_position_embeddings=40960),
+                             total_ut_steps=1, max_position_embeddings=40960, tie_word_embeddings=True),
 }

@@ -8,11 +8,15 @@ Real path (METHOD.md section 3): 50% nvidia/AceReason-1.1-SFT (``input``/``outpu
 columns) + 50% open-thoughts/OpenThoughts3 (``conversations`` of ``from``/``value``),
 through ``datasets``, rendered with Ouro's ChatML template in thinking mode.
 
-Embedded path: a digit-wise sum task. The prompt is two D-digit strings ``a+b=``; the answer
-gives a_i + b_i (0..18) as one symbol per position, so the answer is tens of tokens long and
-every token needs two retrievals and an addition. (A running sum mod 10 was tried first: its
-targets are uniform given any single input digit, so a tiny model gets no gradient signal
-and plateaus.) A character tokenizer saved in the transformers format.
+Embedded path: long addition, one column per token. The prompt is two D-digit numbers
+written least-significant digit first, ``a+b=``; the answer gives each column's total
+a_i + b_i + carry (0..19, one symbol) where the carry comes from the previous *generated*
+symbol. So the answer is tens of tokens long, every token needs two retrievals and an
+addition, and each depends on the token before it: what a cache policy keeps of generated
+tokens matters. (A running sum mod 10 was tried first: its targets are uniform given any
+single input digit, so a tiny model gets no gradient signal and plateaus; writing totals
+instead of digits mod 10 keeps every input informative.) A character tokenizer saved in the
+transformers format.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def build_char_tokenizer(chars: str, out_dir: str | Path):
 def load_tokenizer(path: str | Path):
     """A tokenizer saved in the transformers format (never with remote code)."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()  # AutoTokenizer warns that config.json's model_type is unknown to it
     if not (Path(path) / "tokenizer.json").is_file() and not (Path(path) / "tokenizer_config.json").is_file():
         raise DataError(f"{path}: no tokenizer.json / tokenizer_config.json; expected a tokenizer "
                         "saved with save_pretrained (the checkpoint directory of the hub model)")
@@ -62,14 +68,20 @@ def load_tokenizer(path: str | Path):
 
 
 # ------------------------------------------------------------------------- synthetic task
-SUM_SYMBOLS = "0123456789abcdefghi"  # a_i + b_i in 0..18, one symbol per position
+SUM_SYMBOLS = "0123456789abcdefghij"  # a column total 0..19, one symbol per column
 
 
 def digit_sum_example(rng: random.Random, digits: int) -> dict:
+    """Long addition one column per token, least-significant digit first: the symbol for
+    t_i = a_i + b_i + carry, carry = 1 when the previous column's total t_{i-1} >= 10."""
     a = [rng.randrange(10) for _ in range(digits)]
     b = [rng.randrange(10) for _ in range(digits)]
     prompt = "".join(map(str, a)) + "+" + "".join(map(str, b)) + "="
-    answer = "".join(SUM_SYMBOLS[x + y] for x, y in zip(a, b))
+    totals, carry = [], 0
+    for x, y in zip(a, b):
+        totals.append(x + y + carry)
+        carry = int(totals[-1] >= 10)
+    answer = "".join(SUM_SYMBOLS[t] for t in totals)
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
 
 
@@ -210,13 +222,19 @@ def render(record: dict, tokenizer, template: str) -> tuple[list[int], list[int]
     return ids, mask
 
 
-def prompt_ids(record: dict, tokenizer, template: str) -> list[int]:
-    """The prompt a model is asked to complete at evaluation (everything before the answer)."""
+def prompt_text(record: dict, tokenizer, template: str) -> str:
+    """The prompt a model is asked to complete at evaluation (everything before the answer), as text."""
     user = [m for m in record["messages"] if m["role"] != "assistant"]
     if template == "plain":
-        return [tokenizer.bos_token_id] + tokenizer.encode(user[-1]["content"], add_special_tokens=False)
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in user)
-    return tokenizer.encode(text + "<|im_start|>assistant\n<think>\n", add_special_tokens=False)
+        return tokenizer.bos_token + user[-1]["content"]
+    if template == "chatml-thinking":
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in user)
+        return text + "<|im_start|>assistant\n<think>\n"
+    raise DataError(f"unknown chat template {template!r}; choose one of {TEMPLATES}")
+
+
+def prompt_ids(record: dict, tokenizer, template: str) -> list[int]:
+    return tokenizer.encode(prompt_text(record, tokenizer, template), add_special_tokens=False)
 
 
 @dataclass

@@ -61,3 +61,37 @@ class LatentGate(nn.Module):
             h_prev = torch.zeros_like(a)
         z = self.retain(a, h_prev)
         return z * h_prev + (1 - z) * a
+
+
+@torch.no_grad()
+def mean_retention(model, input_ids: Tensor, chunk_size: int = 1) -> Tensor:
+    """Mean gate value z (share of h_prev kept) per layer and loop, (N, T), over ``input_ids``.
+
+    NaN where a gate has no z (``mean``/``last``, or loop 1 with h0 = first).
+    """
+    cfg = model.config
+    stats = torch.full((cfg.num_hidden_layers, cfg.total_ut_steps), float("nan"))
+    sums: dict[tuple[int, int], list[float]] = {}
+    hooks = []
+    for layer_idx, layer in enumerate(model.model.layers):
+        gate = layer.gate
+        if gate is None or gate.variant in ("mean", "last"):
+            continue
+
+        def hook(module, args, _out, layer_idx=layer_idx):
+            a, h_prev, loop = args
+            if h_prev is None:
+                if module.h0 == "first":
+                    return
+                h_prev = torch.zeros_like(a)
+            sums.setdefault((layer_idx, loop), []).append(float(module.retain(a, h_prev).mean()))
+
+        hooks.append(gate.register_forward_hook(hook))
+    try:
+        model(input_ids, chunk_size=chunk_size, logits="last")
+    finally:
+        for h in hooks:
+            h.remove()
+    for (layer_idx, loop), values in sums.items():
+        stats[layer_idx, loop] = sum(values) / len(values)
+    return stats

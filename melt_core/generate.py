@@ -149,7 +149,7 @@ def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, 
         elif texts[row] is not None:
             tokens = _trim_to_text(tokens, texts[row], tokenizer)
         text = texts[row] if texts[row] is not None else (
-            tokenizer.decode(tokens) if tokenizer is not None else None)
+            tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None)
         completions.append(Completion(tokens, reasons[row], text))
     return completions
 

@@ -222,7 +222,7 @@ def _checkpoints(out_dir: Path) -> list[Path]:
 def _save_checkpoint(out_dir: Path, step: int, student, optimizer, cfg: TrainConfig, keep: int) -> Path:
     dest = out_dir / "checkpoints" / f"step-{step:07d}"
     extra = {"train_config_hash": config_hash(_resume_key(cfg)), "train_step": step}
-    ck.save_pretrained(student, dest, extra_config=extra)  # atomic: temp dir then rename
+    ck.save_pretrained(student, dest, extra_config=extra, write_extra=ck.side_file_copier(cfg.student))
     state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
              "python_rng": random.getstate()}
     if torch.cuda.is_available():
@@ -382,8 +382,9 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
             dist.barrier()
     final = out_dir / "final"
     if d.main:
-        ck.save_pretrained(_unwrap(student), final, extra_config={"trained_steps": cfg.total_steps,
-                                                                  "train_config_hash": config_hash(_resume_key(cfg))})
+        ck.save_pretrained(_unwrap(student), final, write_extra=ck.side_file_copier(cfg.student),
+                           extra_config={"trained_steps": cfg.total_steps,
+                                         "train_config_hash": config_hash(_resume_key(cfg))})
         logger.log_artifact(out_dir / "train_config.json")
         logger.log_artifact(metrics_path)
         logger.set_tags({"final_checkpoint": str(final.resolve())})

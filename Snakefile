@@ -1,0 +1,22 @@
+# MELT reproduction: every stage of the paper as dependent rules (see README.md).
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/default.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/source.smk"
+include: "workflow/rules/convert.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/eval.smk"
+include: "workflow/rules/profile.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        report_outputs(),
+    default_target: True

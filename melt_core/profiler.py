@@ -1,0 +1,255 @@
+"""Memory and speed profiling (the paper's Tables 2/3, 10, 11). Memory and speed depend on
+shapes, not weights, so the real Ouro-1.4B / MELT-1.6B / Qwen3-1.7B shapes are built with
+random weights.
+
+Every figure is labelled ``measured`` (read off real tensors or clocks) or ``analytic``
+(from the formula), and the analytic value is printed beside each measurement:
+
+* weights: bytes of the parameter storage actually allocated for the model;
+* KV cache: bytes held by the cache tensors after L tokens, pushed through the real-shape
+  cache exactly as the model writes it (on a GPU: also through the model at 32K tokens);
+* peak: CUDA max allocated while generating; on CPU, weights + cache bytes held (the
+  tensors we can account for; activations excluded), labelled as such;
+* largest batch under a memory cap: analytic on CPU, found by trying on a GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .cache import KVCache
+from .config import ConfigError, ModelConfig
+from .model import LoopedLM
+
+GB = 1e9  # decimal GB, as the paper's tables
+
+
+def build_random(cfg: ModelConfig, dtype: torch.dtype, device: str = "cpu", seed: int = 0) -> LoopedLM:
+    """A model of this shape with random weights, allocated directly in ``dtype`` (no fp32 detour)."""
+    with torch.device("meta"):
+        model = LoopedLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    model.inv_freq = (1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)).to(device)
+    return model.eval()
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        key = p.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += p.untyped_storage().nbytes()
+    return total
+
+
+def fill_cache(cache: KVCache, cfg: ModelConfig, tokens: int, dtype: torch.dtype, batch: int = 1,
+               device: str = "cpu") -> int:
+    """Push ``tokens`` decode steps of real-shape K/V through ``cache``; returns the bytes it holds."""
+    H, D = cfg.num_key_value_heads, cfg.head_dim
+    kv = (torch.zeros(batch, H, 1, D, dtype=dtype, device=device), torch.zeros(batch, H, 1, D, dtype=dtype,
+                                                                                device=device))
+    for _ in range(tokens):
+        cache.begin_chunk(1, None)
+        for t in range(cfg.total_ut_steps):
+            for layer in range(cfg.num_hidden_layers):
+                cache.read(layer, t, kv)
+        cache.end_chunk()
+    return cache.nbytes()
+
+
+def new_cache_for(cfg: ModelConfig, capacity: int) -> KVCache:
+    with torch.device("meta"):
+        model = LoopedLM(cfg)  # only its cache factory is used; nothing is allocated
+    return model.new_cache(capacity=capacity)
+
+
+@dataclass
+class MemoryReport:
+    shape: str
+    dtype: str
+    parameters: int
+    weights_bytes_measured: int
+    weights_bytes_analytic: int
+    kv_tokens: int
+    kv_bytes_measured: int
+    kv_bytes_analytic: int
+    kv_mb_per_token_measured: float
+    kv_mb_per_token_analytic: float
+    context: int
+    total_gb_analytic: float  # weights + KV at `context` tokens, batch 1
+    peak_gb: float
+    peak_kind: str  # "measured: cuda max allocated" | "measured: tensors held (weights + cache)"
+    memory_cap_gb: float
+    max_batch: int
+    max_batch_kind: str
+
+
+def profile_memory(shape: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: int = 64, context: int = 32768,
+                   cap_gb: float = 80.0, device: str = "cpu", **overrides) -> MemoryReport:
+    cfg = ModelConfig.from_name(shape, **overrides)
+    if context > cfg.max_position_embeddings:
+        raise ConfigError(f"profile context {context} is beyond max_position_embeddings="
+                          f"{cfg.max_position_embeddings} of {shape}")
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+    model = build_random(cfg, dtype, device)
+    w_measured = weight_bytes(model)
+    n_params = sum(p.numel() for p in model.parameters())
+    w_analytic = n_params * nbytes
+    cache = model.new_cache(capacity=kv_tokens)
+    kv_measured = fill_cache(cache, cfg, kv_tokens, dtype, device=device)
+    kv_analytic = cfg.kv_bytes(kv_tokens, nbytes)
+    per_token = cfg.kv_bytes_per_token(nbytes)
+    total = (w_analytic + cfg.kv_bytes(context, nbytes)) / GB
+    if cap_gb * GB <= w_analytic:
+        raise ConfigError(f"memory cap {cap_gb} GB is smaller than the {shape} weights "
+                          f"({w_analytic / GB:.2f} GB); raise profile.memory_cap_gb")
+    if device == "cuda":
+        peak, peak_kind = _cuda_peak(model, context), "measured: cuda max allocated"
+        max_batch, batch_kind = _cuda_max_batch(model, context, cap_gb), "measured: largest batch that ran"
+    else:
+        peak, peak_kind = (w_measured + kv_measured) / GB, f"measured: tensors held (weights + {kv_tokens}-token cache)"
+        max_batch = int((cap_gb * GB - w_analytic) // cfg.kv_bytes(context, nbytes))
+        batch_kind = "analytic: (cap - weights) / KV(context)"
+    del model, cache
+    return MemoryReport(shape, str(dtype).removeprefix("torch."), n_params, w_measured, w_analytic, kv_tokens,
+                        kv_measured, kv_analytic, kv_measured / kv_tokens / 1e6, per_token / 1e6, context,
+                        total, peak, peak_kind, cap_gb, max_batch, batch_kind)
+
+
+def _cuda_peak(model: LoopedLM, context: int) -> float:
+    torch.cuda.reset_peak_memory_stats()
+    ids = torch.randint(1, model.config.vocab_size, (1, context), device="cuda")
+    cache = model.new_cache(capacity=context + 1)
+    with torch.no_grad():
+        model(ids, cache=cache, chunk_size=2048 if model.config.is_melt else None, logits="last")
+        model(ids[:, -1:], cache=cache, logits="last")
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / GB
+
+
+def _cuda_max_batch(model: LoopedLM, context: int, cap_gb: float) -> int:
+    lo, hi = 0, 256
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            cache = model.new_cache(capacity=context)
+            fill_cache(cache, model.config, 1, model.lm_head.weight.dtype, batch=mid, device="cuda")
+            fits = torch.cuda.memory_allocated() + cache.nbytes() * (context - 1) <= cap_gb * GB
+            del cache
+        except torch.OutOfMemoryError:
+            fits = False
+        torch.cuda.empty_cache()
+        lo, hi = (mid, hi) if fits else (lo, mid - 1)
+    return lo
+
+
+# ------------------------------------------------------------------------------- speed
+@torch.no_grad()
+def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_chunk: int | None = None) -> dict:
+    """Prefill tok/s, time to first token and decode tok/s after ``context`` tokens."""
+    ids = torch.randint(1, model.config.vocab_size, (batch, context), device=model.lm_head.weight.device)
+    cache = model.new_cache(capacity=context + steps + 1)
+    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
+    t0 = time.perf_counter()
+    out = model(ids, cache=cache, chunk_size=prefill_chunk if model.config.is_melt else None, logits="last")
+    token = out.logits[:, -1].argmax(-1, keepdim=True)
+    sync()
+    ttft = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        t1 = time.perf_counter()
+        out = model(token, cache=cache, logits="last")
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync()
+        times.append(time.perf_counter() - t1)
+    step = statistics.median(times)
+    return {"batch": batch, "context": context, "prefill_tok_s": batch * context / ttft, "ttft_s": ttft,
+            "decode_tok_s": batch / step, "decode_step_s": step}
+
+
+def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
+                   rounds: int = 2, prefill_chunk: int | None = 256) -> list[dict]:
+    """Every model at every (batch, context), alternating models within each round."""
+    rows = []
+    for batch in batches:
+        for context in contexts:
+            per: dict[str, list[dict]] = {name: [] for name in models}
+            for _ in range(rounds):
+                for name, model in models.items():
+                    per[name].append(decode_speed(model, batch, context, steps, prefill_chunk))
+            for name, runs in per.items():
+                rows.append({"model": name, "batch": batch, "context": context,
+                             **{k: statistics.median(r[k] for r in runs)
+                                for k in ("prefill_tok_s", "ttft_s", "decode_tok_s")}})
+    return rows
+
+
+# ----------------------------------------------------------------------------- sweeps
+def loop_and_window_sweeps(shape: str = "melt-1.6b", loops=(1, 2, 4, 8), windows=(0, 50, 200),
+                           context: int = 256, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Cache bytes per token vs T (MELT flat, Ouro linear) and vs W at a fixed context (measured)."""
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+    out = {"loops": [], "windows": [], "context": context, "shape": shape}
+    base = ModelConfig.from_name(shape)
+    for T in loops:
+        for kind in ("ouro", "melt"):
+            cfg = base.replace(model_type=kind, total_ut_steps=T, window=0)
+            measured = fill_cache(new_cache_for(cfg, 16), cfg, 16, dtype)
+            out["loops"].append({"model": kind, "T": T, "kv_mb_per_token": measured / 16 / 1e6,
+                                 "analytic_mb_per_token": cfg.kv_bytes_per_token(nbytes) / 1e6})
+    for W in windows:
+        cfg = base.replace(model_type="melt", window=W)
+        measured = fill_cache(new_cache_for(cfg, context), cfg, context, dtype)
+        out["windows"].append({"W": W, "kv_mb_per_token": measured / context / 1e6,
+                               "analytic_mb_per_token": cfg.kv_bytes(context, nbytes) / context / 1e6})
+    return out
+
+
+# -------------------------------------------------------------------- training throughput
+def train_throughput(shape_cfg: ModelConfig, seq_len: int, batch: int, chunk_sizes: list[int],
+                     steps: int = 3, dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[dict]:
+    """Tokens/s of one training step (forward + KD + backward) of chunk-wise MELT at each C against
+    parallel Ouro distillation of the same shape, sequence length and batch, side by side."""
+    from .checkpoint import melt_from_ouro
+    from .losses import kd_loss_sum
+
+    teacher = build_random(shape_cfg, dtype, device)
+    ouro_student = build_random(shape_cfg, dtype, device, seed=1).train()
+    melt = melt_from_ouro(teacher).to(device=device, dtype=dtype).train()
+    ids = torch.randint(1, shape_cfg.vocab_size, (batch, seq_len), device=device)
+    mask = torch.ones(batch, seq_len, device=device)
+
+    def one_step(student, chunk):
+        with torch.no_grad():
+            t_logits = teacher(ids).per_loop_logits
+        s = student(ids, cache=student.new_cache(), chunk_size=chunk)
+        loss = kd_loss_sum(s.per_loop_logits, t_logits, mask) / mask.sum()
+        loss.backward()
+        student.zero_grad(set_to_none=True)
+
+    runs = [("ouro-parallel", ouro_student, seq_len)] + [(f"melt-C{c}", melt, c) for c in chunk_sizes]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    for _ in range(steps):
+        for name, model, chunk in runs:
+            t0 = time.perf_counter()
+            one_step(model, chunk)
+            times[name].append(time.perf_counter() - t0)
+    base = batch * seq_len / statistics.median(times["ouro-parallel"])
+    rows = []
+    for name, _, chunk in runs:
+        tok_s = batch * seq_len / statistics.median(times[name])
+        rows.append({"model": name, "chunk": chunk, "seq_len": seq_len, "batch": batch, "tokens_per_s": tok_s,
+                     "ratio_to_ouro": tok_s / base})
+    return rows

@@ -1,0 +1,84 @@
+"""Protects the data path: the synthetic task is what it claims, the real datasets' schemas
+normalise to chat records, templates put the loss on assistant tokens only, packing keeps
+every token once, and batches are a pure function of (seed, step)."""
+
+import json
+import random
+
+import pytest
+
+from melt_core.data import (
+    DataError,
+    PackedData,
+    build_char_tokenizer,
+    digit_sum_example,
+    load_mixture,
+    load_tokenizer,
+    normalise,
+    render,
+)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    build_char_tokenizer("0123456789+=abcdefghijxyz \n", d)
+    return load_tokenizer(d)
+
+
+def test_long_addition_example_is_correct():
+    rng = random.Random(5)
+    for _ in range(50):
+        ex = digit_sum_example(rng, 8)
+        prompt, answer = ex["messages"][0]["content"], ex["messages"][1]["content"]
+        a, b = prompt[:-1].split("+")
+        total = int(a[::-1]) + int(b[::-1])  # numbers are written least-significant digit first
+        digits = "".join(str(int("0123456789abcdefghij".index(s)) % 10) for s in answer)
+        carry_out = "0123456789abcdefghij".index(answer[-1]) >= 10
+        assert int(digits[::-1]) + (10**8 if carry_out else 0) == total
+
+
+def test_schemas_normalise(tmp_path):
+    ace = {"input": "What is 1+1?", "output": "<think>\n1+1=2\n</think>\n2", "category": "math"}
+    ot = {"conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]}
+    assert normalise(ace, "acereason", "x")["messages"][1]["content"].startswith("<think>")
+    assert normalise(ot, "openthoughts", "x")["messages"] == [{"role": "user", "content": "Q"},
+                                                               {"role": "assistant", "content": "A"}]
+    with pytest.raises(DataError, match=r"here: record does not follow the 'acereason' schema \(missing 'output'\)"):
+        normalise({"input": "q"}, "acereason", "here")
+    a, o = tmp_path / "ace.jsonl", tmp_path / "ot.jsonl"
+    a.write_text("\n".join(json.dumps({**ace, "input": f"q{i}"}) for i in range(10)))
+    o.write_text("\n".join(json.dumps(ot) for _ in range(10)))
+    mix = load_mixture([{"kind": "jsonl", "path": str(a), "schema": "acereason", "weight": 0.5, "total": 8},
+                        {"kind": "jsonl", "path": str(o), "schema": "openthoughts", "weight": 0.5}])
+    assert len(mix) == 8 and sum(m["messages"][0]["content"] == "Q" for m in mix) == 4  # 50/50
+
+
+def test_chatml_thinking_template_masks_only_the_assistant(tok):
+    rec = {"messages": [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"}]}
+    ids, mask = render(rec, tok, "chatml-thinking")
+    text = tok.decode(ids)
+    assert text == "<|im_start|>user\n1+2<|im_end|>\n<|im_start|>assistant\n<think>\n3<|im_end|>\n"
+    learned = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert learned == "<think>\n3<|im_end|>"
+    plain_ids, plain_mask = render(rec, tok, "plain")
+    assert tok.decode([i for i, m in zip(plain_ids, plain_mask) if m]) == "3<eos>"
+
+
+def test_packing_keeps_every_token_and_batches_are_deterministic(tok):
+    recs = [digit_sum_example(random.Random(i), 4) for i in range(20)]
+    data = PackedData.build(recs, tok, "plain", seq_len=16, seed=3)
+    stream = [t for r in recs for t in render(r, tok, "plain")[0]]
+    rebuilt = data.ids[0].tolist() + [t for row in data.ids[1:] for t in row[1:].tolist()]
+    assert rebuilt == stream[:len(rebuilt)] and len(stream) - len(rebuilt) < 17
+    a, _ = data.batch(7, 4)
+    b, _ = PackedData.build(recs, tok, "plain", seq_len=16, seed=3).batch(7, 4)
+    assert a.equal(b)
+    r0, _ = data.batch(7, 4, rank=0, world=2)
+    r1, _ = data.batch(7, 4, rank=1, world=2)
+    assert r0.shape[0] == 2 and a.equal(__import__("torch").cat([r0, r1]))
+
+
+def test_too_little_data_is_an_error(tok):
+    with pytest.raises(DataError, match="fewer than seq_len"):
+        PackedData.build([digit_sum_example(random.Random(0), 2)], tok, "plain", seq_len=500)

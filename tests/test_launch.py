@@ -1,0 +1,26 @@
+"""Protects the launcher: the same train() runs through submitit's local executor as a real
+job (a separate process, with its own job folder) and ends with the same weights as in-process."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import tiny_setup, train_config
+
+from melt_core.config import ConfigError
+from melt_core.launch import launch
+
+
+def test_submitit_local_equals_inprocess(tmp_path):
+    paths, teacher, student = tiny_setup(tmp_path)
+    inproc = launch(train_config(tmp_path, paths, teacher, student, "inproc"), {"backend": "inprocess"})
+    job = launch(train_config(tmp_path, paths, teacher, student, "job"), {"backend": "local", "timeout_min": 10})
+    assert (tmp_path / "job" / "submitit").is_dir()  # it really went through submitit
+    a, b = load_file(str(inproc / "model.safetensors")), load_file(str(job / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_unknown_launcher_fields(tmp_path):
+    with pytest.raises(ConfigError, match="launcher.backend 'k8s' unknown"):
+        launch({"out_dir": str(tmp_path)}, {"backend": "k8s"})
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['gpus'\]"):
+        launch({"out_dir": str(tmp_path)}, {"backend": "local", "gpus": 8})

@@ -1,0 +1,15 @@
+# Stage 2: Ouro -> MELT conversion, one initial checkpoint per gate variant.
+
+
+rule convert:
+    input:
+        teacher_dir(),
+    output:
+        directory(f"{OUT}/checkpoints/melt-init-{{gate}}"),
+    params:
+        convert=config["convert"],
+        mlflow=lambda wc: mlflow_spec("convert", gate=wc.gate),
+    log:
+        f"{OUT}/logs/convert-{{gate}}.log",
+    script:
+        "../scripts/convert.py"

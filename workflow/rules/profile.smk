@@ -1,0 +1,40 @@
+# Stage 7: memory and speed profiling at the paper's real shapes, random weights.
+
+
+rule profile_memory:
+    output:
+        f"{OUT}/profile/memory/{{shape}}.json",
+    params:
+        profile=config["profile"],
+        mlflow=lambda wc: mlflow_spec("profile", shape=wc.shape),
+    threads: 2
+    resources:
+        mem_mb=16000,
+    log:
+        f"{OUT}/logs/profile-memory-{{shape}}.log",
+    benchmark:
+        f"{OUT}/benchmarks/profile-memory-{{shape}}.tsv"
+    script:
+        "../scripts/profile_memory.py"
+
+
+rule profile_speed:
+    output:
+        speed=f"{OUT}/profile/speed.json",
+        sweeps=f"{OUT}/profile/sweeps.json",
+        train=f"{OUT}/profile/train_throughput.json",
+    params:
+        profile=config["profile"],
+        mlflow=mlflow_spec("profile", part="speed"),
+    threads: 2
+    log:
+        f"{OUT}/logs/profile-speed.log",
+    benchmark:
+        f"{OUT}/benchmarks/profile-speed.tsv"
+    script:
+        "../scripts/profile_speed.py"
+
+
+rule profiles:
+    input:
+        profile_outputs(),

@@ -1,0 +1,93 @@
+# Stage 8: gather every result into tidy tables, then render the paper's tables, figures and
+# the claims check. Each table and figure is a target of its own (see README).
+
+
+rule gather:
+    input:
+        evals=eval_outputs(),
+        profiles=profile_outputs(),
+        runs=expand(f"{OUT}/runs/{{run}}/final", run=RUNS),
+    output:
+        evals=f"{OUT}/summary/evals.csv",
+        memory=f"{OUT}/summary/memory.csv",
+        speed=f"{OUT}/summary/speed.csv",
+        train_throughput=f"{OUT}/summary/train_throughput.csv",
+        curves=f"{OUT}/summary/training_curves.csv",
+        gates=f"{OUT}/summary/gate_values.csv",
+        sweeps=f"{OUT}/summary/sweeps.json",
+    params:
+        runs=RUNS,
+        main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
+    log:
+        f"{OUT}/logs/gather.log",
+    script:
+        "../scripts/gather.py"
+
+
+rule table:
+    input:
+        rules.gather.output,
+    output:
+        md=f"{OUT}/tables/{{table}}.md",
+        tex=f"{OUT}/tables/{{table}}.tex",
+        csv=f"{OUT}/tables/{{table}}.csv",
+    wildcard_constraints:
+        table=_one_of(TABLES),
+    params:
+        paper="workflow/resources/paper_values.yaml",
+    log:
+        f"{OUT}/logs/table-{{table}}.log",
+    script:
+        "../scripts/render_tables.py"
+
+
+rule figure:
+    input:
+        rules.gather.output,
+    output:
+        f"{OUT}/figures/{{figure}}.png",
+    wildcard_constraints:
+        figure=_one_of(FIGURES),
+    params:
+        paper="workflow/resources/paper_values.yaml",
+    log:
+        f"{OUT}/logs/figure-{{figure}}.log",
+    script:
+        "../scripts/render_figures.py"
+
+
+rule claims:
+    input:
+        rules.gather.output,
+        tables=expand(f"{OUT}/tables/{{t}}.{{ext}}", t=TABLES, ext=["md", "tex", "csv"]),
+        figures=expand(f"{OUT}/figures/{{f}}.png", f=FIGURES),
+    output:
+        f"{OUT}/claims.md",
+    params:
+        mlflow=mlflow_spec("report"),
+    log:
+        f"{OUT}/logs/claims.log",
+    script:
+        "../scripts/claims.py"
+
+
+rule tables:
+    input:
+        expand(f"{OUT}/tables/{{t}}.{{ext}}", t=TABLES, ext=["md", "tex", "csv"]),
+
+
+rule figures:
+    input:
+        expand(f"{OUT}/figures/{{f}}.png", f=FIGURES),
+
+
+
+# One named target per paper table and figure, e.g. `snakemake --profile local table3_gates`.
+for _name in TABLES + FIGURES:
+
+    rule:
+        name:
+            _name
+        input:
+            (expand(f"{OUT}/tables/{_name}.{{ext}}", ext=["md", "tex", "csv"]) if _name in TABLES
+             else [f"{OUT}/figures/{_name}.png"]),

@@ -1,0 +1,36 @@
+"""What every workflow script shares: logging into the rule's log file, thread count, and an
+MLflow logger tagged with stage, rule, ablation, config hash and git commit."""
+
+import contextlib
+import logging
+import sys
+import traceback
+
+import torch
+
+from melt_core.tracking import config_hash, make_logger
+
+
+@contextlib.contextmanager
+def rule_context(snakemake, stage: str, run_name: str | None = None):
+    """Send stdout/stderr to the rule's log, set torch threads, yield an MLflow logger."""
+    log_path = snakemake.log[0] if snakemake.log else None
+    stream = open(log_path, "w") if log_path else sys.stderr
+    old_out, old_err = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = stream
+    logging.basicConfig(stream=stream, level=logging.INFO, force=True)
+    torch.set_num_threads(max(1, snakemake.threads))
+    spec = dict(getattr(snakemake.params, "mlflow", None) or {})
+    tags = {**spec.get("tags", {}), "rule": snakemake.rule, "config_hash": config_hash(snakemake.config)}
+    name = run_name or f"{snakemake.rule}:{','.join(f'{k}={v}' for k, v in snakemake.wildcards.items())}"
+    logger = make_logger(spec, name, tags)
+    try:
+        with logger:
+            yield logger
+    except BaseException:
+        traceback.print_exc(file=stream)  # into the rule's log, where show-failed-logs finds it
+        raise
+    finally:
+        sys.stdout, sys.stderr = old_out, old_err
+        if log_path:
+            stream.close()

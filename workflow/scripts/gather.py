@@ -1,0 +1,68 @@
+"""Rule gather: every result file -> a few tidy tables under summary/ (one row per observation)."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, snakemake.scriptdir)
+from common import rule_context
+
+from melt_core.checkpoint import load_pretrained
+from melt_core.data import load_tokenizer, prompt_ids, read_jsonl
+from melt_core.gate import mean_retention
+
+sm = snakemake
+OUT = Path(sm.config["outdir"])
+
+
+def read_json(path):
+    return json.loads(Path(path).read_text())
+
+
+with rule_context(sm, "report", run_name="gather"):
+    rows = []
+    for path in sm.input.evals:
+        r = read_json(path)
+        for metric, value in r["metrics"].items():
+            rows.append({"model": r["model"]["name"], "task": r["task"]["name"], "metric": metric,
+                         "value": 100 * value, "n_questions": r["n_questions"],
+                         "generated_tokens": r["generated_tokens"], "seconds": r["seconds"]})
+    pd.DataFrame(rows).to_csv(sm.output.evals, index=False)
+
+    memory = [read_json(p) for p in sm.input.profiles if "/memory/" in p]
+    pd.DataFrame(memory).to_csv(sm.output.memory, index=False)
+    profile_dir = OUT / "profile"
+    pd.DataFrame(read_json(profile_dir / "speed.json")).to_csv(sm.output.speed, index=False)
+    pd.DataFrame(read_json(profile_dir / "train_throughput.json")).to_csv(sm.output.train_throughput, index=False)
+    shutil.copy(profile_dir / "sweeps.json", sm.output.sweeps)
+
+    curves = []
+    for run in sm.params.runs:
+        for line in (OUT / "runs" / run / "metrics.jsonl").read_text().splitlines():
+            curves.append({"run": run, **json.loads(line)})
+    pd.DataFrame(curves).to_csv(sm.output.curves, index=False)
+
+    # Learned gate values: mean z per (layer, loop) over held-out prompts, for every trained run
+    # whose gate has a z, and for the untrained conversion as the reference.
+    test = read_jsonl(OUT / "data" / "test.jsonl", limit=16) if (OUT / "data" / "test.jsonl").exists() else None
+    gate_rows = []
+    if test is not None:
+        candidates = [(run, OUT / "runs" / run / "final") for run in sm.params.runs]
+        candidates.append(("untrained", OUT / "checkpoints" / f"melt-init-{sm.config['main_run']['gate']}"))
+        for run, path in candidates:
+            model = load_pretrained(path)
+            if model.config.gate not in ("elementwise", "scalar", "ema"):
+                continue
+            tok = load_tokenizer(path)
+            ids = [prompt_ids(r, tok, sm.config["train"]["template"]) for r in test]
+            width = min(map(len, ids))
+            z = mean_retention(model, torch.tensor([i[:width] for i in ids]))
+            for layer in range(z.shape[0]):
+                for loop in range(z.shape[1]):
+                    gate_rows.append({"run": run, "gate": model.config.gate, "layer": layer, "loop": loop + 1,
+                                      "mean_z": float(z[layer, loop])})
+    pd.DataFrame(gate_rows, columns=["run", "gate", "layer", "loop", "mean_z"]).to_csv(sm.output.gates, index=False)

@@ -1,0 +1,151 @@
+"""Rule table: render one paper table as Markdown, LaTeX (booktabs) and CSV, with the paper's
+reported value beside ours and the difference."""
+
+import math
+import sys
+
+import pandas as pd
+
+sys.path.insert(0, snakemake.scriptdir)
+from common import rule_context
+from report_common import Results, diff
+
+sm = snakemake
+
+
+def table1_main(r: Results) -> tuple[pd.DataFrame, str]:
+    rows = []
+    for bench, paper in r.paper["table1_main"].items():
+        ouro, melt = r.score("ouro", bench), r.score(r.main_model, bench)
+        rows.append({"benchmark": bench, "ours stands in": r.columns.get(bench, "not measured"),
+                     "Ouro paper": paper["ouro"], "Ouro ours": ouro, "Ouro diff": diff(ouro, paper["ouro"]),
+                     "MELT paper": paper["melt"], "MELT ours": melt, "MELT diff": diff(melt, paper["melt"]),
+                     "Qwen3-1.7B paper": paper["qwen3"]})
+    return pd.DataFrame(rows), f"Table 1: main results (percent). {r.note}"
+
+
+def table2_memory(r: Results) -> tuple[pd.DataFrame, str]:
+    rows = []
+    for _, m in r.memory.iterrows():
+        paper = r.paper["table2_memory"].get(m["shape"], {})
+        rows.append({"model": m["shape"], "weights GB ours": m["weights_bytes_measured"] / 1e9,
+                     "weights GB paper": paper.get("weights_gb"),
+                     "KV MB/token ours (measured)": m["kv_mb_per_token_measured"],
+                     "KV MB/token analytic": m["kv_mb_per_token_analytic"],
+                     "KV MB/token paper v2": paper.get("kv_mb_per_token_v2"),
+                     "KV MB/token diff v2": diff(m["kv_mb_per_token_measured"], paper.get("kv_mb_per_token_v2")),
+                     "KV MB/token paper v3": paper.get("kv_mb_per_token"),
+                     f"total GB at {m['context']} (analytic)": m["total_gb_analytic"],
+                     "peak GB paper": paper.get("peak_gb"), "peak GB ours": m["peak_gb"], "peak kind": m["peak_kind"],
+                     "max batch ours": m["max_batch"], "max batch paper": paper.get("max_batch"),
+                     "max batch kind": m["max_batch_kind"]})
+    return pd.DataFrame(rows), ("Table 2/3: memory at the real shapes with random weights (bf16). "
+                                "KV bytes are read off the cache tensors; see 'kind' columns for what is measured.")
+
+
+def table3_gates(r: Results) -> tuple[pd.DataFrame, str]:
+    rows = []
+    recipe = r.config["ablations"]["gate_recipe"]
+    for gate in r.config["ablations"]["gates"]:
+        paper = r.paper["table3_gates"].get(gate, {})
+        row = {"gate": gate}
+        for bench in ("AIME24", "AIME25", "MATH-500"):
+            ours = r.score(r.run_model(gate, recipe), bench)
+            row |= {f"{bench} paper": paper.get(bench), f"{bench} ours": ours,
+                    f"{bench} diff": diff(ours, paper.get(bench))}
+        rows.append(row)
+    return pd.DataFrame(rows), f"Table 3: gate variants after the `{recipe}` recipe (percent). {r.note}"
+
+
+def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
+    rows = []
+    gate = r.config["main_run"]["gate"]
+    for recipe in r.config["ablations"]["recipes"]:
+        paper = r.paper["table4_recipe"].get(recipe, {})
+        row = {"recipe (cumulative removal)": recipe}
+        for bench in ("AIME24", "MATH-500"):
+            ours = r.score(r.run_model(gate, recipe), bench)
+            row |= {f"{bench} paper": paper.get(bench), f"{bench} ours": ours,
+                    f"{bench} diff": diff(ours, paper.get(bench))}
+        rows.append(row)
+    untrained = r.score("melt-untrained", "MATH-500")
+    rows.append({"recipe (cumulative removal)": "untrained (conversion only)", "MATH-500 ours": untrained})
+    return pd.DataFrame(rows), f"Table 4: training-recipe ablation, {gate} gate (percent). {r.note}"
+
+
+def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
+    rows = [{"variant": "ouro (full per-loop cache)", "MATH-500 ours": r.score("ouro", "MATH-500"),
+             "AIME24 ours": r.score("ouro", "AIME24")}]
+    for variant, paper in r.paper["table5_sharing"].items():
+        ours = r.score(f"ouro-{variant}", "MATH-500")
+        rows.append({"variant": variant, "paper (all math)": paper, "MATH-500 ours": ours,
+                     "MATH-500 diff": diff(ours, paper), "AIME24 ours": r.score(f"ouro-{variant}", "AIME24")})
+    return pd.DataFrame(rows), f"Table 5: untrained KV sharing on plain Ouro weights (percent). {r.note}"
+
+
+def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:
+    rows = []
+    for _, s in r.speed.iterrows():
+        paper = r.paper["table10_speed"].get(s["model"], {})
+        rows.append({"model": s["model"], "shape": s["shape"], "context": s["context"],
+                     "decode tok/s ours": s["decode_tok_s"], "decode tok/s paper": paper.get("decode_tok_s"),
+                     "prefill tok/s ours": s["prefill_tok_s"], "prefill tok/s paper": paper.get("prefill_tok_s"),
+                     "TTFT s ours": s["ttft_s"], "TTFT s paper": paper.get("ttft_s")})
+    df = pd.DataFrame(rows)
+    ouro = df[df.model == "ouro"].set_index("context")["decode tok/s ours"]
+    df["decode ratio to Ouro (ours)"] = [v / ouro[c] for v, c in zip(df["decode tok/s ours"], df.context)]
+    df["decode ratio to Ouro (paper)"] = [{"melt": 8.5 / 13.5, "ouro": 1.0, "dense-gqa": 41.6 / 13.5}.get(m)
+                                          for m in df.model]
+    return df, ("Table 10: batch-1 speed. Ours: a CPU-sized shape with Ouro's proportions on this machine; "
+                "the paper: H100 at the real shape. Compare the ratios, not the absolute rates.")
+
+
+def table11_train_throughput(r: Results) -> tuple[pd.DataFrame, str]:
+    df = r.train_throughput.copy()
+    df["paper tok/s"] = [r.paper["table11_train_throughput"]["ouro-parallel"] if m == "ouro-parallel"
+                         else r.paper["table11_train_throughput"]["melt-chunked"] for m in df.model]
+    df["paper ratio"] = df["paper tok/s"] / r.paper["table11_train_throughput"]["ouro-parallel"]
+    return df, ("Table 11: training tokens/s, chunk-wise MELT (chunk C) vs parallel Ouro distillation, same shape, "
+                "sequence and batch, measured side by side.")
+
+
+def fmt(v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.6g}" if abs(v) < 1 else f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
+    return str(v)
+
+
+def to_markdown(df: pd.DataFrame, caption: str) -> str:
+    head = "| " + " | ".join(df.columns) + " |"
+    sep = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return f"{caption}\n\n" + "\n".join([head, sep, *body]) + "\n"
+
+
+def tex_escape(s: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
+                 ("–", "--")):
+        s = s.replace(a, b)
+    return s
+
+
+def to_latex(df: pd.DataFrame, caption: str) -> str:
+    cols = "l" + "r" * (len(df.columns) - 1)
+    lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex_escape(caption)}}}", rf"\begin{{tabular}}{{{cols}}}",
+             r"\toprule", " & ".join(tex_escape(str(c)) for c in df.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(tex_escape(fmt(v)) for v in row) + r" \\" for row in df.itertuples(index=False)]
+    lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(lines) + "\n"
+
+
+with rule_context(sm, "report", run_name=f"table:{sm.wildcards.table}"):
+    results = Results(sm.config, sm.params.paper)
+    frame, caption = globals()[sm.wildcards.table](results)
+    frame.to_csv(sm.output.csv, index=False)
+    with open(sm.output.md, "w") as fh:
+        fh.write(to_markdown(frame, caption))
+    with open(sm.output.tex, "w") as fh:
+        fh.write(to_latex(frame, caption))
+    print(to_markdown(frame, caption))

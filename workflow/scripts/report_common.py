@@ -1,0 +1,43 @@
+"""Shared by the table, figure and claims scripts: the gathered tables, the paper's numbers,
+and how our (task, metric) columns stand in for the paper's benchmarks."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+
+class Results:
+    def __init__(self, config: dict, paper_values: str):
+        self.config = config
+        self.out = Path(config["outdir"])
+        s = self.out / "summary"
+        self.evals = pd.read_csv(s / "evals.csv")
+        self.memory = pd.read_csv(s / "memory.csv")
+        self.speed = pd.read_csv(s / "speed.csv")
+        self.train_throughput = pd.read_csv(s / "train_throughput.csv")
+        self.curves = pd.read_csv(s / "training_curves.csv")
+        self.gates = pd.read_csv(s / "gate_values.csv")
+        self.sweeps = json.loads((s / "sweeps.json").read_text())
+        self.paper = yaml.safe_load(Path(paper_values).read_text())
+        self.columns = config["report"]["columns"]
+        self.note = config["report"].get("note", "")
+        main = config["main_run"]
+        self.main_model = f"melt-{main['gate']}__{main['recipe']}"
+
+    def score(self, model: str, paper_column: str) -> float | None:
+        """Our score (percent) standing in for a paper benchmark column, or None if not measured."""
+        spec = self.columns.get(paper_column)
+        if spec is None:
+            return None
+        task, metric = spec.split("/")
+        hit = self.evals[(self.evals.model == model) & (self.evals.task == task) & (self.evals.metric == metric)]
+        return float(hit.value.iloc[0]) if len(hit) else None
+
+    def run_model(self, gate: str, recipe: str) -> str:
+        return f"melt-{gate}__{recipe}"
+
+
+def diff(ours, paper):
+    return None if ours is None or paper is None else ours - paper
