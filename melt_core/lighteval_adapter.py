@@ -106,6 +106,7 @@ class MeltLightevalModel(LightevalModel):
         if prompt_len >= self.max_length:
             raise ConfigError(f"doc {doc.id or doc.query[:30]!r}: prompt of {prompt_len} tokens does not fit "
                               f"max_position_embeddings={self.max_length}")
+        # the budget is capped by what fits after the prompt; the prompt itself is never cut
         return SamplingParams(max_new_tokens=min(budget, self.max_length - prompt_len), greedy=greedy,
                               temperature=temperature if temperature > 0 else 1.0, top_p=gp.top_p or 1.0,
                               n=doc.num_samples, seed=self.config.seed,
@@ -113,15 +114,21 @@ class MeltLightevalModel(LightevalModel):
                               stop_strings=tuple(doc.stop_sequences or ()))
 
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
-        responses = []
-        for doc in docs:  # per doc: its own n, budget and stop strings
-            prompt = self.tok_encode(doc.query)
-            outs = generate(self.model, [prompt], self._sampling(doc), cache_mode=self.config.cache_mode,
+        """Docs with the same sampling settings are generated together, in batches, in doc order."""
+        groups: dict[SamplingParams, list[int]] = {}
+        for i, doc in enumerate(docs):
+            groups.setdefault(self._sampling(doc), []).append(i)
+        responses: list[ModelResponse | None] = [None] * len(docs)
+        for params, idx in groups.items():
+            prompts = [self.tok_encode(docs[i].query) for i in idx]
+            outs = generate(self.model, prompts, params, cache_mode=self.config.cache_mode,
                             keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
-                            tokenizer=self._tokenizer, batch_size=self.config.batch_size)[0]
-            self.completions[doc.query] = [o.text for o in outs]
-            responses.append(ModelResponse(input=doc.query, input_tokens=prompt, text=[o.text for o in outs],
-                                           output_tokens=[o.token_ids for o in outs]))
+                            tokenizer=self._tokenizer, batch_size=self.config.batch_size)
+            for i, prompt, samples in zip(idx, prompts, outs):
+                texts = [o.text for o in samples]
+                self.completions[docs[i].query] = texts
+                responses[i] = ModelResponse(input=docs[i].query, input_tokens=prompt, text=texts,
+                                             output_tokens=[o.token_ids for o in samples])
         return responses
 
     @torch.no_grad()

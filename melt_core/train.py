@@ -65,7 +65,7 @@ class DataConfig:
     template: str = "chatml-thinking"
     seq_len: int = 10_000
     total: int | None = None  # records drawn from the mixture (paper: ~32K)
-    loss_on: str = "assistant"  # KD on assistant tokens only ("assistant") or on every token ("all")
+    loss_on: str = "all"  # KD on every token ("all") or on assistant tokens only ("assistant")
 
 
 @dataclass

@@ -22,7 +22,7 @@ from melt_core.data import (
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
-    build_char_tokenizer("0123456789+=abcdefghijxyz \n", d)
+    build_char_tokenizer("0123456789+=abcdefghijklmnopqrstuvwxyz \n", d)
     return load_tokenizer(d)
 
 

@@ -81,8 +81,8 @@ def test_stage_logs_to_a_real_mlflow_server(tmp_path):
             except OSError:
                 time.sleep(0.5)
         out = tmp_path / "out"
-        r = smk("--profile", "profiles/local", "--configfile", "config/smoke.yaml",
-                "--config", f"outdir={out}", f"{out}/data/train.jsonl", env={"MLFLOW_TRACKING_URI": uri})
+        r = smk(f"{out}/data/train.jsonl", "--profile", "profiles/local", "--configfile", "config/smoke.yaml",
+                "--config", f"outdir={out}", env={"MLFLOW_TRACKING_URI": uri})
         assert r.returncode == 0, r.stdout + r.stderr
         exp = _post(f"{uri}/api/2.0/mlflow/experiments/search",
                     {"max_results": 10, "filter": "name = 'melt-smoke'"})["experiments"][0]

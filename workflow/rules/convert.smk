@@ -11,5 +11,7 @@ rule convert:
         mlflow=lambda wc: mlflow_spec("convert", gate=wc.gate),
     log:
         f"{OUT}/logs/convert-{{gate}}.log",
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/convert.py"

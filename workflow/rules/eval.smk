@@ -18,6 +18,8 @@ rule eval:
         f"{OUT}/logs/eval-{{model}}-{{task}}.log",
     benchmark:
         f"{OUT}/benchmarks/eval-{{model}}-{{task}}.tsv"
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/evaluate.py"
 

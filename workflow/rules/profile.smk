@@ -14,6 +14,8 @@ rule profile_memory:
         f"{OUT}/logs/profile-memory-{{shape}}.log",
     benchmark:
         f"{OUT}/benchmarks/profile-memory-{{shape}}.tsv"
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/profile_memory.py"
 
@@ -31,6 +33,8 @@ rule profile_speed:
         f"{OUT}/logs/profile-speed.log",
     benchmark:
         f"{OUT}/benchmarks/profile-speed.tsv"
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/profile_speed.py"
 

@@ -20,6 +20,8 @@ rule gather:
         main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
     log:
         f"{OUT}/logs/gather.log",
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/gather.py"
 
@@ -37,6 +39,8 @@ rule table:
         paper="workflow/resources/paper_values.yaml",
     log:
         f"{OUT}/logs/table-{{table}}.log",
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/render_tables.py"
 
@@ -52,6 +56,8 @@ rule figure:
         paper="workflow/resources/paper_values.yaml",
     log:
         f"{OUT}/logs/figure-{{figure}}.log",
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/render_figures.py"
 
@@ -67,6 +73,8 @@ rule claims:
         mlflow=mlflow_spec("report"),
     log:
         f"{OUT}/logs/claims.log",
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/claims.py"
 

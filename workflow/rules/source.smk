@@ -13,6 +13,8 @@ rule task_data:
         mlflow=mlflow_spec("data"),
     log:
         f"{OUT}/logs/task_data.log",
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/task_data.py"
 
@@ -30,5 +32,7 @@ rule teacher:
         f"{OUT}/logs/teacher.log",
     benchmark:
         f"{OUT}/benchmarks/teacher.tsv"
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/teacher.py"

@@ -27,6 +27,8 @@ rule train:
         f"{OUT}/logs/train-{{gate}}__{{recipe}}.log",
     benchmark:
         f"{OUT}/benchmarks/train-{{gate}}__{{recipe}}.tsv"
+    conda:
+        "../../envs/melt.yaml"
     script:
         "../scripts/train.py"
 
