@@ -58,9 +58,12 @@ class LatentGate(nn.Module):
         if h_prev is None:
             if self.h0 == "first":
                 return a
-            h_prev = torch.zeros_like(a)
+            if self.variant == "ema":
+                return (1 - self.ema_z) * a
+            # h_0 = 0: U_z h_0 vanishes and so does z * h_0 (saves a matmul per layer at loop 1)
+            return (1 - torch.sigmoid(self.input_proj(a))) * a
         z = self.retain(a, h_prev)
-        return z * h_prev + (1 - z) * a
+        return torch.lerp(a, h_prev, z)  # z * h_prev + (1 - z) * a
 
 
 @torch.no_grad()

@@ -33,6 +33,8 @@ def build_random(cfg: ModelConfig, dtype: torch.dtype, device: str = "cpu", seed
     with torch.device("meta"):
         model = LoopedLM(cfg)
     model = model.to_empty(device=device).to(dtype)
+    if cfg.tie_word_embeddings:  # to_empty gives each module its own tensor: tie again
+        model.lm_head.weight = model.model.embed_tokens.weight
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -105,7 +107,7 @@ def profile_memory(shape: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: i
     nbytes = torch.empty(0, dtype=dtype).element_size()
     model = build_random(cfg, dtype, device)
     w_measured = weight_bytes(model)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())  # parameters() lists a tied tensor once
     w_analytic = n_params * nbytes
     cache = model.new_cache(capacity=kv_tokens)
     kv_measured = fill_cache(cache, cfg, kv_tokens, dtype, device=device)
