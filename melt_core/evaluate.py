@@ -128,7 +128,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
                 "tokenizer": model_spec.path, "samples": task.samples, "ks": task.ks,
                 "answer_style": task.answer_style, "max_new_tokens": task.max_new_tokens}
         t0 = time.perf_counter()
-        pipeline = build_pipeline(config, f"custom|{task.name}|0", Path(tmp) / "lighteval",
+        pipeline = build_pipeline(config, f"{task.name}|0", Path(tmp) / "lighteval",
                                   custom_tasks=tasks_module([spec]))
         pipeline.evaluate()
         seconds = time.perf_counter() - t0

@@ -96,10 +96,12 @@ class MemoryReport:
     memory_cap_gb: float
     max_batch: int
     max_batch_kind: str
+    speed: dict | None = None  # batch-1 prefill/decode at this real shape, measured (short context on CPU)
 
 
 def profile_memory(shape: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: int = 64, context: int = 32768,
-                   cap_gb: float = 80.0, device: str = "cpu", **overrides) -> MemoryReport:
+                   cap_gb: float = 80.0, device: str = "cpu", speed_context: int = 0, speed_steps: int = 3,
+                   **overrides) -> MemoryReport:
     cfg = ModelConfig.from_name(shape, **overrides)
     if context > cfg.max_position_embeddings:
         raise ConfigError(f"profile context {context} is beyond max_position_embeddings="
@@ -124,10 +126,14 @@ def profile_memory(shape: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: i
         peak, peak_kind = (w_measured + kv_measured) / GB, f"measured: tensors held (weights + {kv_tokens}-token cache)"
         max_batch = int((cap_gb * GB - w_analytic) // cfg.kv_bytes(context, nbytes))
         batch_kind = "analytic: (cap - weights) / KV(context)"
+    speed = None
+    if speed_context:  # batch 1 at the real shape: few steps, labelled with the context used
+        speed = decode_speed(model, 1, speed_context, speed_steps, prefill_chunk=speed_context)
+        speed["kind"] = f"measured on {device}, {speed_context}-token context, {speed_steps} decode steps"
     del model, cache
     return MemoryReport(shape, str(dtype).removeprefix("torch."), n_params, w_measured, w_analytic, kv_tokens,
                         kv_measured, kv_analytic, kv_measured / kv_tokens / 1e6, per_token / 1e6, context,
-                        total, peak, peak_kind, cap_gb, max_batch, batch_kind)
+                        total, peak, peak_kind, cap_gb, max_batch, batch_kind, speed)
 
 
 def _cuda_peak(model: LoopedLM, context: int) -> float:
@@ -183,7 +189,10 @@ def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_
 
 def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
                    rounds: int = 2, prefill_chunk: int | None = 256) -> list[dict]:
-    """Every model at every (batch, context), alternating models within each round."""
+    """Every model at every (batch, context), alternating models within each round, after one
+    discarded warm-up pass per model (first calls pay for allocator and kernel set-up)."""
+    for model in models.values():
+        decode_speed(model, min(batches), min(contexts), 2, prefill_chunk)
     rows = []
     for batch in batches:
         for context in contexts:

@@ -1,5 +1,6 @@
 # Stage 4 + 6: benchmark evaluation of every model (teacher, untrained sharing baselines,
-# untrained MELT, every trained run) on every task.
+# untrained MELT, every trained run) on every task. One job per model writes one JSON per task
+# (the model is loaded once; on a GPU cluster, one job per model is also the natural unit).
 
 
 rule eval:
@@ -7,17 +8,17 @@ rule eval:
         model=lambda wc: model_checkpoint(wc.model),
         data=lambda wc: teacher_inputs().get("test", []),
     output:
-        f"{OUT}/eval/{{model}}/{{task}}.json",
+        expand(f"{OUT}/eval/{{{{model}}}}/{{task}}.json", task=TASKS),
     params:
-        task=lambda wc: config["eval"]["tasks"][wc.task],  # as params: a changed setting reruns the eval
+        tasks=config["eval"]["tasks"],  # as params: a changed setting reruns the eval
         prefill_chunk=config["eval"].get("prefill_chunk"),
         backend=config["eval"].get("backend", "lighteval"),
-        mlflow=lambda wc: mlflow_spec("eval", model=wc.model, task=wc.task),
+        mlflow=lambda wc: mlflow_spec("eval", model=wc.model),
     threads: 1
     log:
-        f"{OUT}/logs/eval-{{model}}-{{task}}.log",
+        f"{OUT}/logs/eval-{{model}}.log",
     benchmark:
-        f"{OUT}/benchmarks/eval-{{model}}-{{task}}.tsv"
+        f"{OUT}/benchmarks/eval-{{model}}.tsv"
     conda:
         "../../envs/melt.yaml"
     script:

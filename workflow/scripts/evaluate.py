@@ -1,4 +1,4 @@
-"""Rule eval: one (model, task) pair -> one results JSON (per-sample details + metrics).
+"""Rule eval: one model, every task -> one results JSON per task (per-sample details + metrics).
 
 Model ids: ouro (teacher, per-loop cache), ouro-{first,last}-loop[+prompt] (the untrained
 sharing baselines of Table 5), melt-untrained (converted, no training), melt-{gate}__{recipe}.
@@ -13,22 +13,23 @@ from common import rule_context
 from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval
 
 sm = snakemake
-model_id, task_name = sm.wildcards.model, sm.wildcards.task
+model_id = sm.wildcards.model
 ev = sm.config["eval"]
-task_cfg = dict(sm.params.task)
-split = task_cfg.pop("split", "test")
-path = task_cfg.pop("path", None) or str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl")
-task = TaskSpec(name=task_name, path=path, template=sm.config["train"]["template"], **task_cfg)
-
 spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk)
 if model_id.startswith("ouro-"):
     mode = model_id.removeprefix("ouro-")
     spec.cache_mode, spec.keep_prompt = mode.removesuffix("+prompt"), mode.endswith("+prompt")
+run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
 
 with rule_context(sm, "eval") as log:
-    log.log_params({"model": model_id, "task": task_name, "cache_mode": spec.cache_mode,
-                    "keep_prompt": spec.keep_prompt, "prefill_chunk": spec.prefill_chunk, **task_cfg})
-    backend = getattr(sm.params, "backend", "lighteval")
-    run = evaluate_lighteval if backend == "lighteval" else evaluate
-    result = run(spec, task, sm.output[0], seed=ev.get("seed", 0), batch_size=ev.get("batch_size", 64), logger=log)
-    print(result["metrics"])
+    log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
+                    "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend})
+    for out in sm.output:
+        task_name = Path(out).stem
+        task_cfg = dict(sm.params.tasks[task_name])
+        split = task_cfg.pop("split", "test")
+        path = task_cfg.pop("path", None) or str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl")
+        task = TaskSpec(name=task_name, path=path, template=sm.config["train"]["template"], **task_cfg)
+        log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
+        result = run(spec, task, out, seed=ev.get("seed", 0), batch_size=ev.get("batch_size", 64), logger=log)
+        print(task_name, result["metrics"])

@@ -33,7 +33,11 @@ with rule_context(sm, "report", run_name="gather"):
                          "generated_tokens": r["generated_tokens"], "seconds": r["seconds"]})
     pd.DataFrame(rows).to_csv(sm.output.evals, index=False)
 
-    memory = [read_json(p) for p in sm.input.profiles if "/memory/" in p]
+    memory = []
+    for path in (p for p in sm.input.profiles if "/memory/" in p):
+        row = read_json(path)
+        speed = row.pop("speed", None) or {}
+        memory.append({**row, **{f"speed_{k}": v for k, v in speed.items()}})
     pd.DataFrame(memory).to_csv(sm.output.memory, index=False)
     profile_dir = OUT / "profile"
     pd.DataFrame(read_json(profile_dir / "speed.json")).to_csv(sm.output.speed, index=False)

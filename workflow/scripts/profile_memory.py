@@ -16,10 +16,13 @@ p = sm.params.profile
 with rule_context(sm, "profile") as log:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = profile_memory(sm.wildcards.shape, getattr(torch, p["dtype"]), p["kv_tokens"],
-                            p["context_for_batch"], p["memory_cap_gb"], device)
+                            p["context_for_batch"], p["memory_cap_gb"], device,
+                            speed_context=p.get("real_shape_speed_context", 0))
     row = dataclasses.asdict(report)
     print(json.dumps(row, indent=2))
     log.log_params({"shape": sm.wildcards.shape, "dtype": p["dtype"], "device": device})
     log.log_metrics({k: v for k, v in row.items() if isinstance(v, (int, float))})
+    if row["speed"]:
+        log.log_metrics({f"real_shape/{k}": v for k, v in row["speed"].items() if isinstance(v, (int, float))})
     with open(sm.output[0], "w") as fh:
         json.dump(row, fh, indent=2)
