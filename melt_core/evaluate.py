@@ -62,9 +62,8 @@ def load_model(spec: ModelSpec, device: str = "cpu"):
     return load_pretrained(path, device=device)
 
 
-def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
-             batch_size: int = 64, logger=None, device: str = "cpu") -> dict[str, Any]:
-    logger = logger or NullLogger()
+def _prepare(model_spec: ModelSpec, task: TaskSpec, device: str):
+    """Checks shared by both backends, before any generation: the task's records and the model."""
     if max(task.ks) > task.samples:
         raise ConfigError(f"task {task.name!r}: pass@{max(task.ks)} needs samples >= {max(task.ks)}, "
                           f"got samples={task.samples}")
@@ -72,7 +71,13 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
         records = read_jsonl(task.path, "chat", task.limit)
     except DataError as err:
         raise DataError(f"task {task.name!r}: {err}") from None
-    model = load_model(model_spec, device)
+    return records, load_model(model_spec, device)
+
+
+def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
+             batch_size: int = 64, logger=None, device: str = "cpu") -> dict[str, Any]:
+    logger = logger or NullLogger()
+    records, model = _prepare(model_spec, task, device)
     tokenizer = load_tokenizer(model_spec.path)
     torch.manual_seed(seed)
     golds = [next(m["content"] for m in r["messages"] if m["role"] == "assistant") for r in records]
@@ -109,11 +114,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
     from .lighteval_tasks import tasks_module
 
     logger = logger or NullLogger()
-    if max(task.ks) > task.samples:
-        raise ConfigError(f"task {task.name!r}: pass@{max(task.ks)} needs samples >= {max(task.ks)}, "
-                          f"got samples={task.samples}")
-    records = read_jsonl(task.path, "chat", task.limit)  # validates the file before lighteval sees it
-    load_model(model_spec, device)
+    records, _ = _prepare(model_spec, task, device)  # fail on bad input before lighteval starts
     config = melt_model_config(
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,

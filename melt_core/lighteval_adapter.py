@@ -25,6 +25,8 @@ tests/test_lighteval.py):
   carries a hash of the weights file, and ``greedy_until`` is not cached at all.
 * It does not seed torch; sampling draws from a generator seeded by ``seed``.
 * xxhash 4 breaks its result logging: ``envs/requirements-cpu.txt`` pins xxhash 3.x.
+* Importing its transformers model module calls ``torch.set_grad_enabled(False)`` for the whole
+  process; ``melt_core.train`` and ``pretrain`` therefore enable grad themselves.
 """
 
 from __future__ import annotations

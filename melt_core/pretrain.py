@@ -75,6 +75,7 @@ def greedy_exact_match(model: LoopedLM, records: list[dict], tokenizer, template
     return {"exact_match": sum(hits) / len(hits), "n": len(hits), "predictions": preds}
 
 
+@torch.enable_grad()
 def pretrain(cfg: PretrainConfig, logger=None) -> dict:
     logger = logger or NullLogger()
     torch.manual_seed(cfg.seed)

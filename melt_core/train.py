@@ -275,6 +275,7 @@ def build_optimizer(student, cfg: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, betas=cfg.betas, weight_decay=cfg.weight_decay)
 
 
+@torch.enable_grad()  # whatever the caller's grad mode (lighteval, for one, turns it off globally)
 def train(cfg: TrainConfig | dict, logger=None) -> Path:
     """Run (or resume) training; returns the final MELT checkpoint directory ``out_dir/final``."""
     if isinstance(cfg, dict):

@@ -40,6 +40,23 @@ def read_metrics(out_dir):
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_same_losses(a, b):
+    """Step 1 sees identical weights: its loss must agree to float32 summation order. Later steps
+    drift by rounding that Adam amplifies; a wrong normalisation would be off by far more."""
+    assert len(a) == len(b)
+    for i, (ra, rb) in enumerate(zip(a, b)):
+        tol = 1e-6 if i < 2 else 1e-4  # steps 1-2: alpha = 0 then 0.5, weights barely moved
+        assert math.isclose(ra["loss"], rb["loss"], rel_tol=tol, abs_tol=1e-9), (i, ra["loss"], rb["loss"])
+        assert math.isclose(ra["align"], rb["align"], rel_tol=1e-4, abs_tol=1e-9), (i, ra["align"], rb["align"])
+
+
+def assert_same_weights(a, b):
+    """Adam turns rounding-level gradient differences in near-zero entries into updates of up to
+    lr; 1e-4 is a tenth of one step at the test's lr 1e-3, far below a real difference."""
+    for k, v in a.items():
+        torch.testing.assert_close(b[k], v, atol=1e-4, rtol=1e-4)
+
+
 def test_alpha_zero_starts_at_the_teacher_and_losses_fall(setup):
     cfg = cfg_for(setup, "basic", phases=[
         {"name": "phase1", "steps": 12, "alpha_start": 0.0, "alpha_end": 1.0},
@@ -57,11 +74,8 @@ def test_alpha_zero_starts_at_the_teacher_and_losses_fall(setup):
 def test_gradient_accumulation_equals_full_batch(setup):
     a = train(cfg_for(setup, "full_batch", checkpoint_every=100))
     b = train(cfg_for(setup, "micro", micro_batch_size=1, checkpoint_every=100))
-    for ra, rb in zip(read_metrics(setup[0] / "full_batch"), read_metrics(setup[0] / "micro")):
-        assert math.isclose(ra["loss"], rb["loss"], rel_tol=1e-6)
-        assert math.isclose(ra["align"], rb["align"], rel_tol=1e-6, abs_tol=1e-12)
-    for k, v in weights(a).items():  # Adam amplifies rounding differences in near-zero gradients
-        torch.testing.assert_close(weights(b)[k], v, atol=2e-5, rtol=1e-4)
+    assert_same_losses(read_metrics(setup[0] / "full_batch"), read_metrics(setup[0] / "micro"))
+    assert_same_weights(weights(a), weights(b))
 
 
 def _free_port():
@@ -86,10 +100,8 @@ def test_two_gloo_processes_equal_one(setup, tmp_path):
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
     two = setup[0] / "two_proc" / "final"
-    for ra, rb in zip(read_metrics(setup[0] / "one_proc"), read_metrics(setup[0] / "two_proc")):
-        assert math.isclose(ra["loss"], rb["loss"], rel_tol=1e-6)
-    for k, v in weights(one).items():
-        torch.testing.assert_close(weights(two)[k], v, atol=2e-5, rtol=1e-4)
+    assert_same_losses(read_metrics(setup[0] / "one_proc"), read_metrics(setup[0] / "two_proc"))
+    assert_same_weights(weights(one), weights(two))
 
 
 def test_killed_run_resumes_bitwise(setup, tmp_path):

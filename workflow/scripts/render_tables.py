@@ -43,17 +43,23 @@ def table2_memory(r: Results) -> tuple[pd.DataFrame, str]:
                                 "KV bytes are read off the cache tensors; see 'kind' columns for what is measured.")
 
 
+def bench_columns(r: Results, model: str, paper: dict, benches) -> dict:
+    """paper / ours / difference for each benchmark column."""
+    out = {}
+    for bench in benches:
+        ours = r.score(model, bench)
+        out |= {f"{bench} paper": paper.get(bench), f"{bench} ours": ours,
+                f"{bench} diff": diff(ours, paper.get(bench))}
+    return out
+
+
 def table3_gates(r: Results) -> tuple[pd.DataFrame, str]:
     rows = []
     recipe = r.config["ablations"]["gate_recipe"]
     for gate in r.config["ablations"]["gates"]:
         paper = r.paper["table3_gates"].get(gate, {})
-        row = {"gate": gate}
-        for bench in ("AIME24", "AIME25", "MATH-500"):
-            ours = r.score(r.run_model(gate, recipe), bench)
-            row |= {f"{bench} paper": paper.get(bench), f"{bench} ours": ours,
-                    f"{bench} diff": diff(ours, paper.get(bench))}
-        rows.append(row)
+        benches = ("AIME24", "AIME25", "MATH-500")
+        rows.append({"gate": gate, **bench_columns(r, r.run_model(gate, recipe), paper, benches)})
     return pd.DataFrame(rows), f"Table 3: gate variants after the `{recipe}` recipe (percent). {r.note}"
 
 
@@ -62,12 +68,8 @@ def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
     gate = r.config["main_run"]["gate"]
     for recipe in r.config["ablations"]["recipes"]:
         paper = r.paper["table4_recipe"].get(recipe, {})
-        row = {"recipe (cumulative removal)": recipe}
-        for bench in ("AIME24", "MATH-500"):
-            ours = r.score(r.run_model(gate, recipe), bench)
-            row |= {f"{bench} paper": paper.get(bench), f"{bench} ours": ours,
-                    f"{bench} diff": diff(ours, paper.get(bench))}
-        rows.append(row)
+        rows.append({"recipe (cumulative removal)": recipe,
+                     **bench_columns(r, r.run_model(gate, recipe), paper, ("AIME24", "MATH-500"))})
     untrained = r.score("melt-untrained", "MATH-500")
     rows.append({"recipe (cumulative removal)": "untrained (conversion only)", "MATH-500 ours": untrained})
     return pd.DataFrame(rows), f"Table 4: training-recipe ablation, {gate} gate (percent). {r.note}"
