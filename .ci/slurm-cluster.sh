@@ -47,6 +47,7 @@ SelectTypeParameters=CR_Core_Memory
 ReturnToService=2
 EnforcePartLimits=ALL
 JobRequeue=1
+KillWait=2                 # SIGKILL 2 s after SIGTERM: a requeued job really stops (submitit ignores SIGTERM)
 MpiDefault=none
 NodeName=${node} CPUs=${cpus} RealMemory=${mem} State=UNKNOWN
 PartitionName=debug Nodes=${node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES

@@ -320,6 +320,7 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         start = state["step"]
+        print(f"resuming from step {start} ({resume})", flush=True)
     if cfg.sharding == "fsdp" and d.world > 1:
         from torch.distributed.fsdp import fully_shard
 
