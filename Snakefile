@@ -16,6 +16,10 @@ include: "workflow/rules/profile.smk"
 include: "workflow/rules/report.smk"
 
 
+onstart:
+    init_tracking()
+
+
 rule all:
     input:
         report_outputs(),

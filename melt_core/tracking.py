@@ -68,6 +68,23 @@ def git_commit(cwd: str | Path | None = None) -> str:
         return "unknown"
 
 
+def resolve_uri(tracking_uri: str | None) -> str | None:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
+    if uri and uri.startswith("sqlite:///"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def ensure_store(tracking_uri: str | None) -> None:
+    """Create the tracking store's schema once, before parallel jobs race to create it (SQLite
+    migrations run on first use, and two first users collide)."""
+    import mlflow
+
+    uri = resolve_uri(tracking_uri)
+    if uri:
+        mlflow.tracking.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+
+
 class MlflowLogger(NullLogger):
     """One MLflow run. ``parent_run_id`` nests it under a parent (a stage with parts)."""
 
@@ -76,10 +93,8 @@ class MlflowLogger(NullLogger):
         import mlflow
 
         self._mlflow = mlflow
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or tracking_uri
+        uri = resolve_uri(tracking_uri)
         if uri:
-            if uri.startswith("sqlite:///"):
-                Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
             mlflow.set_tracking_uri(uri)
         self._client = mlflow.tracking.MlflowClient()
         exp = self._client.get_experiment_by_name(experiment)

@@ -101,3 +101,11 @@ def teacher_inputs():
         return {"train": f"{OUT}/data/train.jsonl", "test": f"{OUT}/data/test.jsonl",
                 "tokenizer": f"{OUT}/data/tokenizer"}
     return {}
+
+
+def init_tracking():
+    """Create the MLflow store once, before jobs that log to it start in parallel."""
+    if config["mlflow"].get("enabled", True):
+        from melt_core.tracking import ensure_store
+
+        ensure_store(config["mlflow"].get("tracking_uri"))
