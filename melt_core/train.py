@@ -377,14 +377,14 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
                     fh.write(json.dumps(row) + "\n")
                 logger.log_metrics({k: v for k, v in row.items() if k != "phase"}, step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps and d.main:
-            _save_checkpoint(out_dir, step + 1, _unwrap(student), optimizer, cfg, cfg.keep_checkpoints)
+            _save_checkpoint(out_dir, step + 1, student, optimizer, cfg, cfg.keep_checkpoints)
         if _STEP_DELAY:
             time.sleep(_STEP_DELAY)
         if d.world > 1:
             dist.barrier()
     final = out_dir / "final"
     if d.main:
-        ck.save_pretrained(_unwrap(student), final, write_extra=ck.side_file_copier(cfg.student),
+        ck.save_pretrained(student, final, write_extra=ck.side_file_copier(cfg.student),
                            extra_config={"trained_steps": cfg.total_steps,
                                          "train_config_hash": config_hash(_resume_key(cfg))})
         logger.log_artifact(out_dir / "train_config.json")
@@ -398,10 +398,6 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
 
 def _as_tuple(x):
     return tuple(_as_tuple(i) for i in x) if isinstance(x, (list, tuple)) else x
-
-
-def _unwrap(model):
-    return model
 
 
 def _losses(student, teacher, ids, mask, alpha, beta, cfg: TrainConfig):
