@@ -75,14 +75,34 @@ def resolve_uri(tracking_uri: str | None) -> str | None:
     return uri
 
 
-def ensure_store(tracking_uri: str | None) -> None:
-    """Create the tracking store's schema once, before parallel jobs race to create it (SQLite
-    migrations run on first use, and two first users collide)."""
+def experiment_id(client, name: str) -> str:
+    """The id of experiment ``name``, creating it if needed. Two jobs that start together may
+    both find it missing; the loser's create fails on the unique name, and it reads the winner's."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def ensure_store(tracking_uri: str | None, experiment: str | None = None) -> None:
+    """Create the tracking store's schema (and the experiment) once, before parallel jobs race to
+    create them (SQLite migrations run on first use, and two first users collide)."""
     import mlflow
 
     uri = resolve_uri(tracking_uri)
     if uri:
-        mlflow.tracking.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+        if experiment:
+            experiment_id(client, experiment)
 
 
 class MlflowLogger(NullLogger):
@@ -97,8 +117,7 @@ class MlflowLogger(NullLogger):
         if uri:
             mlflow.set_tracking_uri(uri)
         self._client = mlflow.tracking.MlflowClient()
-        exp = self._client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self._client.create_experiment(experiment)
+        exp_id = experiment_id(self._client, experiment)
         all_tags = {"mlflow.runName": run_name, "git_commit": git_commit(), **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id

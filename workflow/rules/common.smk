@@ -108,4 +108,4 @@ def init_tracking():
     if config["mlflow"].get("enabled", True):
         from melt_core.tracking import ensure_store
 
-        ensure_store(config["mlflow"].get("tracking_uri"))
+        ensure_store(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])

@@ -1,0 +1,43 @@
+"""MLflow tracking: parallel jobs share one SQLite store and one experiment."""
+
+import mlflow
+
+from melt_core.tracking import MlflowLogger, ensure_store, experiment_id
+
+
+def test_experiment_created_by_another_job_in_between_is_reused(tmp_path):
+    """Job A looks the experiment up (missing), job B creates it, then A creates it too: A must
+    get B's experiment instead of failing on the unique name (this failed a SLURM run)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    ensure_store(uri)
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    other = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    real_get = client.get_experiment_by_name
+    calls = []
+
+    def stale_get(name):
+        calls.append(name)
+        if len(calls) == 1:  # A's first look: missing; B creates it right after
+            other.create_experiment(name)
+            return None
+        return real_get(name)
+
+    client.get_experiment_by_name = stale_get
+    exp_id = experiment_id(client, "melt-race")
+    assert exp_id == other.get_experiment_by_name("melt-race").experiment_id
+    assert len(calls) == 2
+
+
+def test_ensure_store_creates_the_experiment_and_loggers_share_it(tmp_path):
+    uri = f"sqlite:///{tmp_path}/sub/mlflow.db"
+    ensure_store(uri, "melt-x")
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("melt-x")
+    assert exp is not None
+    with MlflowLogger("melt-x", "a", uri) as a, MlflowLogger("melt-x", "b", uri) as b:
+        a.log_metrics({"acc(%)": 1.0})
+        assert client.get_run(a.run_id).info.experiment_id == exp.experiment_id
+        assert client.get_run(b.run_id).info.experiment_id == exp.experiment_id
+        a_id = a.run_id
+    run = client.get_run(a_id)
+    assert run.data.metrics == {"acc___": 1.0} and run.info.status == "FINISHED"
