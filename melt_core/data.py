@@ -233,6 +233,15 @@ def prompt_text(record: dict, tokenizer, template: str) -> str:
     raise DataError(f"unknown chat template {template!r}; choose one of {TEMPLATES}")
 
 
+def stop_token_ids(tokenizer) -> tuple[int, ...]:
+    """Generation ends at EOS, and at ChatML's end of turn where the tokenizer has one."""
+    ids = {tokenizer.eos_token_id}
+    tid = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+        ids.add(tid)
+    return tuple(sorted(i for i in ids if i is not None))
+
+
 def prompt_ids(record: dict, tokenizer, template: str) -> list[int]:
     return tokenizer.encode(prompt_text(record, tokenizer, template), add_special_tokens=False)
 

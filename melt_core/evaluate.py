@@ -18,11 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_pretrained
 from .config import ConfigError
-from .data import DataError, load_tokenizer, prompt_ids, prompt_text, read_jsonl
+from .data import DataError, load_tokenizer, prompt_ids, read_jsonl, stop_token_ids
+from .dense import DenseLM, checkpoint_kind
 from .generate import SamplingParams, generate
 from .metrics import extract_answer, pass_at_k
 from .tracking import NullLogger
@@ -30,8 +32,13 @@ from .tracking import NullLogger
 
 @dataclass
 class TaskSpec:
+    """One benchmark. Either ``path`` (a local JSONL of chat records; the assistant message is
+    the gold answer) or ``lighteval`` ("<module>/<task>": lighteval's own definition, with the
+    dataset overrides of melt_core.lighteval_tasks)."""
+
     name: str
-    path: str  # local JSONL of chat records; the assistant message is the gold answer
+    path: str | None = None
+    lighteval: str | None = None
     template: str = "plain"
     answer_style: str = "exact"  # exact | boxed
     samples: int = 1  # completions per question (AIME/AMC: 16)
@@ -41,6 +48,24 @@ class TaskSpec:
     top_p: float = 0.7
     max_new_tokens: int = 32_768
     limit: int | None = None
+    # lighteval tasks only: dataset overrides, scorer, stop strings, fixed subset
+    hf_repo: str | None = None
+    hf_subset: str | None = None
+    hf_revision: str | None = None
+    split: str | None = None
+    data_dir: str | None = None
+    columns: dict[str, str] | None = None
+    metric: str | None = None
+    stop: list[str] | None = None
+    select: dict[str, Any] | None = None
+
+    def __post_init__(self):
+        if (self.path is None) == (self.lighteval is None):
+            raise ConfigError(f"task {self.name!r}: give exactly one of `path` (a local JSONL) or `lighteval` "
+                              "('<module>/<task>', lighteval's own definition)")
+
+    def lighteval_spec(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -55,29 +80,40 @@ class ModelSpec:
 
 
 def load_model(spec: ModelSpec, device: str = "cpu"):
-    path = Path(spec.path)
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"model {spec.name!r}: {path} is not a melt_core checkpoint directory "
-                              "(no config.json); train, convert or download it first")
-    return load_pretrained(path, device=device)
+    """An Ouro/MELT checkpoint, or a dense transformers one (the baselines), by its config.json."""
+    try:
+        kind = checkpoint_kind(spec.path)
+    except CheckpointError as err:
+        raise CheckpointError(f"model {spec.name!r}: {err}") from None
+    return load_pretrained(spec.path, device=device) if kind == "melt" else DenseLM.from_pretrained(spec.path, device)
 
 
-def _prepare(model_spec: ModelSpec, task: TaskSpec, device: str):
-    """Checks shared by both backends, before any generation: the task's records and the model."""
+def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:
+    """Checks shared by both backends, before any generation: the model directory, and the
+    task's records (a JSONL task's; None for a lighteval task, whose data lighteval loads)."""
     if max(task.ks) > task.samples:
         raise ConfigError(f"task {task.name!r}: pass@{max(task.ks)} needs samples >= {max(task.ks)}, "
                           f"got samples={task.samples}")
     try:
-        records = read_jsonl(task.path, "chat", task.limit)
+        checkpoint_kind(model_spec.path)
+    except CheckpointError as err:
+        raise CheckpointError(f"model {model_spec.name!r}: {err}") from None
+    if task.lighteval:
+        return None
+    try:
+        return read_jsonl(task.path, "chat", task.limit)
     except DataError as err:
         raise DataError(f"task {task.name!r}: {err}") from None
-    return records, load_model(model_spec, device)
 
 
 def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
              batch_size: int = 64, logger=None, device: str = "cpu") -> dict[str, Any]:
     logger = logger or NullLogger()
-    records, model = _prepare(model_spec, task, device)
+    if task.lighteval:
+        raise ConfigError(f"task {task.name!r} is lighteval's definition ({task.lighteval}); "
+                          "evaluate it with the lighteval backend (eval.backend: lighteval)")
+    records = _prepare(model_spec, task)
+    model = load_model(model_spec, device)
     tokenizer = load_tokenizer(model_spec.path)
     torch.manual_seed(seed)
     golds = [next(m["content"] for m in r["messages"] if m["role"] == "assistant") for r in records]
@@ -85,7 +121,7 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
     max_new = min(task.max_new_tokens, model.config.max_position_embeddings - max(map(len, prompts)))
     params = SamplingParams(max_new_tokens=max_new, greedy=task.greedy, temperature=task.temperature,
                             top_p=task.top_p, n=task.samples, seed=seed,
-                            stop_token_ids=tuple({tokenizer.eos_token_id, *_im_end(tokenizer)}))
+                            stop_token_ids=stop_token_ids(tokenizer))
     t0 = time.perf_counter()
     outs = generate(model, prompts, params, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
                     prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size)
@@ -96,7 +132,7 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
         correct = [extract_answer(t, task.answer_style) == extract_answer(gold, task.answer_style) for t in texts]
         for k in task.ks:
             per_k[k].append(pass_at_k(len(correct), sum(correct), k))
-        details.append({"prompt": rec["messages"][0]["content"], "gold": gold, "completions": texts,
+        details.append({"prompt": _question(rec), "gold": gold, "completions": texts,
                         "correct": correct, "generated_tokens": [len(s.token_ids) for s in samples]})
     metrics = {f"pass@{k}": sum(v) / len(v) for k, v in per_k.items()}
     return _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend="native")
@@ -104,48 +140,62 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
 
 def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
                        batch_size: int = 64, logger=None, device: str = "cpu") -> dict[str, Any]:
-    """The same evaluation through lighteval's Pipeline (melt_core.lighteval_adapter); same JSON out."""
+    """The evaluation through lighteval's Pipeline (melt_core.lighteval_adapter); same JSON out.
+    Runs local JSONL tasks and lighteval's own task definitions alike."""
     import shutil
     import tempfile
 
     from lighteval.models.model_input import GenerationParameters
 
     from .lighteval_adapter import build_pipeline, melt_model_config
-    from .lighteval_tasks import tasks_module
+    from .lighteval_tasks import builtin_task_configs, sample_correct, task_config, tasks_module
 
     logger = logger or NullLogger()
-    records, _ = _prepare(model_spec, task, device)  # fail on bad input before lighteval starts
+    records = _prepare(model_spec, task)  # fail on bad input before lighteval starts
     config = melt_model_config(
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,
+        template=task.template,
         generation_parameters=GenerationParameters(temperature=0.0 if task.greedy else task.temperature,
                                                    top_p=task.top_p))
     with tempfile.TemporaryDirectory() as tmp:
-        data_dir = Path(tmp) / "data"
-        data_dir.mkdir()
-        with (data_dir / "test.jsonl").open("w") as fh:  # a folder holding just this split
-            fh.writelines(json.dumps(r) + "\n" for r in records)
-        spec = {"name": task.name, "data_dir": str(data_dir), "split": "test", "template": task.template,
-                "tokenizer": model_spec.path, "samples": task.samples, "ks": task.ks,
-                "answer_style": task.answer_style, "max_new_tokens": task.max_new_tokens}
+        if task.lighteval:
+            configs = builtin_task_configs(task.lighteval_spec())
+        else:
+            data_dir = Path(tmp) / "data"
+            data_dir.mkdir()
+            with (data_dir / "test.jsonl").open("w") as fh:  # a folder holding just this split
+                fh.writelines(json.dumps(r) + "\n" for r in records)
+            configs = [task_config({"name": task.name, "data_dir": str(data_dir), "split": "test",
+                                    "samples": task.samples, "ks": task.ks, "answer_style": task.answer_style,
+                                    "max_new_tokens": task.max_new_tokens})]
         t0 = time.perf_counter()
-        pipeline = build_pipeline(config, f"{task.name}|0", Path(tmp) / "lighteval",
-                                  custom_tasks=tasks_module([spec]))
+        limit = task.limit if task.lighteval else None  # (a JSONL task's records are already limited)
+        pipeline = build_pipeline(config, ",".join(f"{c.name}|0" for c in configs), Path(tmp) / "lighteval",
+                                  custom_tasks=tasks_module(configs), max_samples=limit)
         pipeline.evaluate()
         seconds = time.perf_counter() - t0
-        scores = pipeline.get_results()["results"][f"{task.name}:0"]
-        completions = pipeline.model.completions
+        logged = pipeline.evaluation_tracker.details_logger.details
         shutil.rmtree(Path(tmp) / "lighteval", ignore_errors=True)
-    tokenizer = load_tokenizer(model_spec.path)
-    metrics = {f"pass@{k}": float(scores[f"pass@{k}"]) for k in task.ks}
+    by_name = {f"{c.name}|0": c for c in configs}  # lighteval keys details by "<task>|<few-shots>"
     details = []
-    for rec in records:
-        gold = next(m["content"] for m in rec["messages"] if m["role"] == "assistant")
-        texts = completions.get(prompt_text(rec, tokenizer, task.template), [])
-        details.append({"prompt": rec["messages"][0]["content"], "gold": gold, "completions": texts,
-                        "correct": [extract_answer(t, task.answer_style) == extract_answer(gold, task.answer_style)
-                                    for t in texts]})
+    for key, rows in sorted(logged.items()):
+        cfg = by_name[key]
+        for row in rows:
+            texts = list(row.model_response.text)
+            details.append({"task": cfg.name, "prompt": row.doc.query, "gold": row.doc.get_golds()[0],
+                            "completions": texts, "correct": [sample_correct(cfg, row.doc, t) for t in texts],
+                            "generated_tokens": [len(t) for t in row.model_response.output_tokens],
+                            "scores": {k: float(v) for k, v in row.metric.items()}})
+    if records is not None:  # the JSONL's order, as the native backend writes it
+        order = {_question(r): i for i, r in enumerate(records)}
+        details.sort(key=lambda d: order[d["prompt"]])
+    metrics = {f"pass@{k}": float(np.mean([d["scores"][f"pass@{k}"] for d in details])) for k in task.ks}
     return _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend="lighteval")
+
+
+def _question(record: dict) -> str:
+    return [m for m in record["messages"] if m["role"] != "assistant"][-1]["content"]
 
 
 def _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend) -> dict[str, Any]:
@@ -160,8 +210,3 @@ def _write_result(out_path, model_spec, task, seed, metrics, details, seconds, l
     tmp.replace(out_path)
     logger.log_metrics({f"{task.name}/{k}": v for k, v in metrics.items()})
     return result
-
-
-def _im_end(tokenizer) -> list[int]:
-    tid = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return [tid] if isinstance(tid, int) and tid != tokenizer.unk_token_id else []

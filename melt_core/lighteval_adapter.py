@@ -44,9 +44,10 @@ from lighteval.models.model_output import ModelResponse
 from lighteval.tasks.requests import Doc
 from lighteval.utils.cache_management import SampleCache
 
-from .checkpoint import CheckpointError, load_pretrained
+from .checkpoint import CheckpointError
 from .config import ConfigError
-from .data import load_tokenizer
+from .data import load_tokenizer, prompt_text, stop_token_ids
+from .evaluate import ModelSpec, load_model
 from .generate import SamplingParams, generate
 
 
@@ -65,7 +66,11 @@ def weights_digest(path: str | Path) -> str:
 
 
 class MeltModelConfig(LightevalModelConfig):
+    """``template``: the chat template that turns a task's question into the model's prompt
+    (melt_core.data.TEMPLATES); None takes each doc's query as the finished prompt."""
+
     checkpoint: str
+    template: str | None = None
     cache_mode: str = "default"
     keep_prompt: bool = False
     prefill_chunk: int | None = None
@@ -82,10 +87,9 @@ def melt_model_config(checkpoint: str | Path, name: str, **kw) -> MeltModelConfi
 class MeltLightevalModel(LightevalModel):
     def __init__(self, config: MeltModelConfig):
         self.config = config
-        self.model = load_pretrained(config.checkpoint, device=config.device)
+        self.model = load_model(ModelSpec(config.model_name, config.checkpoint), device=config.device)
         self._tokenizer = load_tokenizer(config.checkpoint)
         self._cache = SampleCache(config)  # the pipeline expects one; greedy_until never reads it
-        self.completions: dict[str, list[str]] = {}  # query -> completions, for per-sample details
 
     @property
     def tokenizer(self):
@@ -99,12 +103,25 @@ class MeltLightevalModel(LightevalModel):
     def max_length(self) -> int:
         return self.model.config.max_position_embeddings
 
+    def prompt(self, doc: Doc) -> str:
+        """The text the model completes: the doc's messages (or its instruction + query, as
+        lighteval's own prompt manager joins them) in the chat template, or the bare query."""
+        if self.config.template is None:
+            return doc.query
+        messages = (doc.specific or {}).get("messages")
+        if not messages:
+            query = doc.query
+            if doc.instruction and not query.startswith(doc.instruction):
+                query = doc.instruction + query
+            messages = [{"role": "user", "content": query}]
+        return prompt_text({"messages": messages}, self._tokenizer, self.config.template)
+
     def _sampling(self, doc: Doc) -> SamplingParams:
         gp = self.config.generation_parameters
         temperature = gp.temperature if gp.temperature is not None else 0.0
         greedy = temperature == 0.0 and doc.num_samples == 1
         budget = doc.generation_size or gp.max_new_tokens or 256
-        prompt_len = len(self.tok_encode(doc.query))
+        prompt_len = len(self.tok_encode(self.prompt(doc)))
         if prompt_len >= self.max_length:
             raise ConfigError(f"doc {doc.id or doc.query[:30]!r}: prompt of {prompt_len} tokens does not fit "
                               f"max_position_embeddings={self.max_length}")
@@ -112,7 +129,7 @@ class MeltLightevalModel(LightevalModel):
         return SamplingParams(max_new_tokens=min(budget, self.max_length - prompt_len), greedy=greedy,
                               temperature=temperature if temperature > 0 else 1.0, top_p=gp.top_p or 1.0,
                               n=doc.num_samples, seed=self.config.seed,
-                              stop_token_ids=(self._tokenizer.eos_token_id,),
+                              stop_token_ids=stop_token_ids(self._tokenizer),
                               stop_strings=tuple(doc.stop_sequences or ()))
 
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
@@ -122,14 +139,13 @@ class MeltLightevalModel(LightevalModel):
             groups.setdefault(self._sampling(doc), []).append(i)
         responses: list[ModelResponse | None] = [None] * len(docs)
         for params, idx in groups.items():
-            prompts = [self.tok_encode(docs[i].query) for i in idx]
+            prompts = [self.tok_encode(self.prompt(docs[i])) for i in idx]
             outs = generate(self.model, prompts, params, cache_mode=self.config.cache_mode,
                             keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
                             tokenizer=self._tokenizer, batch_size=self.config.batch_size)
             for i, prompt, samples in zip(idx, prompts, outs):
-                texts = [o.text for o in samples]
-                self.completions[docs[i].query] = texts
-                responses[i] = ModelResponse(input=docs[i].query, input_tokens=prompt, text=texts,
+                responses[i] = ModelResponse(input=self.prompt(docs[i]), input_tokens=prompt,
+                                             text=[o.text for o in samples],
                                              output_tokens=[o.token_ids for o in samples])
         return responses
 
@@ -137,7 +153,7 @@ class MeltLightevalModel(LightevalModel):
     def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
         responses = []
         for doc in docs:
-            context = self.tok_encode(doc.query)
+            context = self.tok_encode(self.prompt(doc))
             logprobs, argmax_eq = [], []
             for choice in doc.choices:
                 cont = self.tok_encode(choice)

@@ -1,70 +1,262 @@
-"""lighteval custom tasks for local JSONL benchmarks (the embedded suite, or a paper benchmark
-exported to JSONL). A task spec is ``{name, data_dir, split, template, tokenizer, samples, ks,
-answer_style, max_new_tokens}``; ``tasks_module(specs)`` gives the module object the Pipeline
-takes, and the lighteval CLI can load this file by path with the specs in the environment
-variable ``MELT_LIGHTEVAL_TASKS`` (a JSON list).
+"""The lighteval tasks we evaluate on, two kinds, one metric family.
 
-Each task scores with the same metric kinds as melt_core.evaluate: pass@k for every k
-(pass@1 = mean correctness over the n samples), answers extracted the same way.
+* **lighteval's own definitions** (the paper suite: AIME24/25, MATH-500, OlympiadBench,
+  GPQA-Diamond, HLE, MMLU-Redux): a spec names one as ``lighteval: "<module>/<task>"`` (the
+  module is the file under ``lighteval/tasks/tasks``; the task may end in ``*`` to take every
+  subset, e.g. ``mmlu_redux/mmlu_redux_2:*``). We keep its prompt function, dataset and scorer,
+  and apply the paper's sampling: ``samples`` completions per question, ``max_new_tokens``, and
+  pass@k for every k in ``ks``. A benchmark lighteval does not define (AMC23, AIME26) reuses a
+  definition with another dataset: ``hf_repo``/``hf_subset``/``split``, plus ``columns`` to
+  rename the dataset's fields into the ones the prompt function reads. ``data_dir`` points at a
+  local copy instead of the hub (a folder of ``<split>.jsonl``/``.parquet`` in the dataset's
+  own columns); ``select: {n, seed, id_field}`` fixes a subset (HLE's 300 questions).
+* **local JSONL tasks** (the embedded suite, or any benchmark exported to chat records): a spec
+  ``{name, data_dir, split, answer_style, ...}``; scored with melt_core's answer extraction.
+
+Each task scores with lighteval's unbiased ``PassAtK`` (pass@1 = mean correctness over the n
+samples) around the task's per-sample scorer. ``tasks_module(configs)`` gives the module object
+the Pipeline takes; the lighteval CLI can load this file by path with JSONL specs in the
+environment variable ``MELT_LIGHTEVAL_TASKS`` (a JSON list).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import importlib
 import json
 import os
+import random
 import types
+from pathlib import Path
 
 import numpy as np
-from lighteval.metrics.metrics_sample import SampleLevelComputation, SamplingMetric
+from lighteval.metrics.metrics import Metrics
+from lighteval.metrics.metrics_sample import PassAtK, SamplingMetric
 from lighteval.metrics.utils.metric_utils import SampleLevelMetric
 from lighteval.models.model_output import ModelResponse
 from lighteval.tasks.lighteval_task import LightevalTaskConfig
 from lighteval.tasks.requests import Doc, SamplingMethod
 
 # absolute imports: lighteval may load this file by path, outside its package
-from melt_core.data import load_tokenizer, normalise, prompt_text
-from melt_core.metrics import extract_answer, pass_at_k
+from melt_core.config import ConfigError
+from melt_core.data import DataError, normalise
+from melt_core.metrics import extract_answer
+
+# built-in modules that act at import time (downloads, hub queries): never imported
+UNSAFE_MODULES = {"tiny_benchmarks", "mt_bench", "mix_eval"}
 
 
-class PassAtK(SamplingMetric, SampleLevelComputation):
-    """Unbiased pass@k over n samples, with melt_core's answer extraction."""
+# ----------------------------------------------------------------------------- metrics
+class AnswerMatch:
+    """1.0 when the completion's answer equals the gold's (melt_core's extraction), else 0.0."""
 
-    def __init__(self, k: int, n: int, answer_style: str):
-        self.k, self.n, self.answer_style = k, n, answer_style
+    def __init__(self, style: str):
+        self.style = style
 
-    def compute(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
-        gold = extract_answer(doc.get_golds()[0], self.answer_style)
-        correct = [extract_answer(t, self.answer_style) == gold for t in model_response.text[: self.n]]
-        return pass_at_k(len(correct), sum(correct), self.k)
+    def __call__(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
+        gold = extract_answer(doc.get_golds()[0], self.style)
+        return float(extract_answer(model_response.text[0], self.style) == gold)
 
-    def num_samples(self) -> int:
-        return self.n
+
+def pass_at_k_metrics(scorer, ks: list[int], n: int, normalize=None, strip_strings: bool = False
+                      ) -> list[SampleLevelMetric]:
+    """One ``pass@k`` metric per k over n samples, each sample scored by ``scorer(doc, response)``."""
+    if max(ks) > n:
+        raise ConfigError(f"pass@{max(ks)} needs samples >= {max(ks)}, got samples={n}")
+    return [SampleLevelMetric(metric_name=f"pass@{k}", higher_is_better=True, category=SamplingMethod.GENERATIVE,
+                              sample_level_fn=PassAtK(k=k, n=n, normalize=normalize, strip_strings=strip_strings,
+                                                      sample_scoring_function=scorer),
+                              corpus_level_fn=np.mean)
+            for k in ks]
+
+
+def sample_correct(config: LightevalTaskConfig, doc: Doc, text: str) -> bool:
+    """Whether one completion is correct by the task's own scorer (pass@1 over that one sample)."""
+    fn = config.metrics[0].sample_level_fn
+    one = PassAtK(k=1, n=1, normalize=fn.normalize, strip_strings=fn.strip_strings,
+                  sample_scoring_function=fn.compute_score)
+    return bool(one.compute(doc, ModelResponse(text=[text])) == 1.0)
+
+
+# ----------------------------------------------------------------------------- local JSONL tasks
+def jsonl_prompt(line: dict, task_name: str) -> Doc:
+    """A chat record -> a Doc whose query is the user's turn; the full messages ride along so the
+    model can apply its chat template to them."""
+    record = normalise(line, "chat", task_name)
+    prompt = [m for m in record["messages"] if m["role"] != "assistant"]
+    gold = next(m["content"] for m in record["messages"] if m["role"] == "assistant")
+    return Doc(query=prompt[-1]["content"], choices=[gold], gold_index=0, task_name=task_name,
+               specific={"messages": prompt})
 
 
 def task_config(spec: dict) -> LightevalTaskConfig:
-    tokenizer = load_tokenizer(spec["tokenizer"])
-    template = spec.get("template", "plain")
-
-    def prompt_fn(line: dict, task_name: str) -> Doc:
-        record = normalise(line, "chat", task_name)
-        gold = next(m["content"] for m in record["messages"] if m["role"] == "assistant")
-        return Doc(query=prompt_text(record, tokenizer, template), choices=[gold], gold_index=0, task_name=task_name)
-
-    n = spec.get("samples", 1)
-    metrics = [SampleLevelMetric(metric_name=f"pass@{k}", higher_is_better=True, category=SamplingMethod.GENERATIVE,
-                                 sample_level_fn=PassAtK(k, n, spec.get("answer_style", "exact")),
-                                 corpus_level_fn=np.mean)
-               for k in spec.get("ks", [1])]
-    return LightevalTaskConfig(name=spec["name"], prompt_function=prompt_fn, hf_repo=spec["data_dir"],
-                               hf_subset="default", metrics=metrics, hf_avail_splits=[spec.get("split", "test")],
-                               evaluation_splits=[spec.get("split", "test")], few_shots_split=None,
+    split = spec.get("split", "test")
+    metrics = pass_at_k_metrics(AnswerMatch(spec.get("answer_style", "exact")), spec.get("ks", [1]),
+                                spec.get("samples", 1))
+    return LightevalTaskConfig(name=spec["name"], prompt_function=jsonl_prompt, hf_repo=spec["data_dir"],
+                               hf_subset="default", metrics=metrics, hf_avail_splits=[split],
+                               evaluation_splits=[split], few_shots_split=None,
                                generation_size=spec.get("max_new_tokens", 256), stop_sequence=[])
 
 
-def tasks_module(specs: list[dict]) -> types.ModuleType:
-    """A custom-tasks module object for lighteval's Pipeline, built from task specs."""
+# ----------------------------------------------------------------------------- lighteval's definitions
+def builtin_modules() -> list[str]:
+    import lighteval.tasks.tasks as pkg
+
+    root = Path(list(pkg.__path__)[0])  # a namespace package: no __init__.py
+    return sorted([p.stem for p in root.glob("*.py") if not p.stem.startswith("_")]
+                  + [d.name for d in root.iterdir() if (d / "main.py").is_file()])
+
+
+def find_builtin(ref: str, where: str) -> list[LightevalTaskConfig]:
+    """lighteval's task definitions named by ``"<module>/<task pattern>"``; only that module is imported."""
+    module, _, pattern = ref.partition("/")
+    available = builtin_modules()
+    if not pattern or module not in available:
+        raise ConfigError(f"{where}: lighteval task {ref!r} not found; write '<module>/<task>' with a module "
+                          f"from lighteval/tasks/tasks: {', '.join(available)}")
+    if module in UNSAFE_MODULES:
+        raise ConfigError(f"{where}: lighteval module {module!r} downloads or queries the hub when imported; "
+                          "export the benchmark to JSONL and use a `path` task instead")
+    name = f"lighteval.tasks.tasks.{module}"
+    try:
+        mod = importlib.import_module(name)
+    except ModuleNotFoundError:
+        mod = importlib.import_module(f"{name}.main")
+    found = [c for c in mod.TASKS_TABLE if fnmatch.fnmatchcase(c.name, pattern)]
+    if not found:
+        names = ", ".join(sorted(c.name for c in mod.TASKS_TABLE)[:12])
+        raise ConfigError(f"{where}: lighteval module {module!r} has no task matching {pattern!r}; it defines: "
+                          f"{names}{' ...' if len(mod.TASKS_TABLE) > 12 else ''}")
+    return sorted(found, key=lambda c: c.name)
+
+
+def _scorer(config: LightevalTaskConfig, metric: str | None, where: str) -> SamplingMetric | object:
+    """The per-sample scorer of a built-in task: its first generative metric, or ``metric`` by name."""
+    if metric:
+        if metric not in Metrics.__members__:
+            raise ConfigError(f"{where}: unknown lighteval metric {metric!r}; see lighteval.metrics.metrics.Metrics")
+        candidates = [Metrics[metric].value]
+    else:
+        candidates = [m for m in config.metrics if m.category == SamplingMethod.GENERATIVE]
+    if not candidates:
+        raise ConfigError(f"{where}: lighteval task {config.name!r} has no generative metric "
+                          "(it scores log-likelihoods); name one with `metric:`")
+    return candidates[0].sample_level_fn
+
+
+class RenamedColumns:
+    """A prompt function reading a dataset whose fields are named differently."""
+
+    def __init__(self, prompt_function, columns: dict[str, str]):
+        self.prompt_function, self.columns = prompt_function, dict(columns)
+
+    def __call__(self, line: dict, task_name: str | None = None):
+        return self.prompt_function({**line, **{dst: line[src] for src, dst in self.columns.items()}}, task_name)
+
+
+class InIds:
+    """A dataset filter keeping rows whose ``id_field`` is in a fixed set."""
+
+    def __init__(self, id_field: str, ids: list[str]):
+        self.id_field, self.ids = id_field, frozenset(ids)
+
+    def __call__(self, row: dict) -> bool:
+        return str(row[self.id_field]) in self.ids
+
+
+def load_task_data(config: LightevalTaskConfig, split: str, where: str):
+    """The split lighteval will read, loaded the way it loads it; a clear error when it can't be."""
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(path=config.hf_repo, name=config.hf_subset, revision=config.hf_revision)[split]
+    except Exception as err:  # noqa: BLE001 - datasets raises many kinds; all mean "not available"
+        offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise DataError(
+            f"{where}: cannot load dataset {config.hf_repo!r} (subset {config.hf_subset!r}, split {split!r}): "
+            f"{type(err).__name__}: {first[:300]}. "
+            + ("This run is offline: fetch the benchmark data first where the hub is reachable "
+               "(`snakemake benchmark_data --configfile <your config>`, which fills the Hugging Face cache), "
+               "or point the task's `data_dir` at a local copy." if offline else
+               "Check the repo name and access (gated datasets need `huggingface-cli login`).")) from None
+
+
+def select_ids(config: LightevalTaskConfig, split: str, select: dict, where: str) -> list[str]:
+    """A fixed subset: ``n`` ids drawn with ``seed`` from the rows the prompt function accepts
+    (e.g. HLE's text-only questions), sorted first so the draw does not depend on row order."""
+    rows = load_task_data(config, split, where)
+    id_field = select.get("id_field", "id")
+    if id_field not in rows.column_names:
+        raise ConfigError(f"{where}: select.id_field {id_field!r} is not a column of {config.hf_repo!r}; "
+                          f"columns: {rows.column_names}")
+    ids = sorted(str(r[id_field]) for r in rows if config.prompt_function(r, config.name) is not None)
+    if len(ids) < select["n"]:
+        raise DataError(f"{where}: select.n={select['n']} but only {len(ids)} usable rows in {config.hf_repo!r}")
+    return sorted(random.Random(select.get("seed", 0)).sample(ids, select["n"]))
+
+
+def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
+    """lighteval's definitions named by ``spec["lighteval"]`` with the paper's sampling applied,
+    one config per matched task (subset), named ``<spec name>`` or ``<spec name>:<subset task>``.
+    The data is loaded once here so a missing dataset fails before any model runs."""
+    where = f"task {spec['name']!r}"
+    found = find_builtin(spec["lighteval"], where)
+    configs = []
+    for base in found:
+        name = spec["name"] if len(found) == 1 else f"{spec['name']}:{base.name}"
+        prompt_fn = base.prompt_function
+        if spec.get("columns"):
+            prompt_fn = RenamedColumns(prompt_fn, spec["columns"])
+        repo, subset, revision = base.hf_repo, base.hf_subset, base.hf_revision
+        if spec.get("hf_repo"):
+            repo, subset, revision = spec["hf_repo"], spec.get("hf_subset", "default"), spec.get("hf_revision")
+        if spec.get("data_dir"):
+            if not Path(spec["data_dir"]).is_dir():
+                raise DataError(f"{where}: data_dir {spec['data_dir']} does not exist")
+            repo, subset, revision = str(spec["data_dir"]), "default", None
+        split = spec.get("split") or base.evaluation_splits[0]
+        fn = _scorer(base, spec.get("metric"), where)
+        scoring = fn.compute_score if isinstance(fn, SamplingMetric) else fn
+        metrics = pass_at_k_metrics(scoring, spec.get("ks", [1]), spec.get("samples", 1),
+                                    normalize=getattr(fn, "normalize", None),
+                                    strip_strings=getattr(fn, "strip_strings", False))
+        config = LightevalTaskConfig(
+            name=name, prompt_function=prompt_fn, hf_repo=repo, hf_subset=subset, hf_revision=revision,
+            metrics=metrics, hf_avail_splits=[split], evaluation_splits=[split], few_shots_split=None,
+            generation_size=spec.get("max_new_tokens", base.generation_size),
+            stop_sequence=spec.get("stop", base.stop_sequence), version=base.version)
+        if spec.get("select"):
+            config.hf_filter = InIds(spec["select"].get("id_field", "id"),
+                                     select_ids(config, split, spec["select"], where))
+        else:
+            load_task_data(config, split, where)
+        configs.append(config)
+    return configs
+
+
+def prefetch(specs: dict[str, dict]) -> dict[str, list[dict]]:
+    """Load every lighteval task's dataset once (downloading it into the Hugging Face cache) and
+    return what each task will read: repo, subset, revision, split, rows, datasets fingerprint."""
+    manifest = {}
+    for name, spec in specs.items():
+        manifest[name] = []
+        for config in builtin_task_configs({**spec, "name": name}):
+            split = config.evaluation_splits[0]
+            rows = load_task_data(config, split, f"task {name!r}")
+            if config.hf_filter is not None:
+                rows = rows.filter(config.hf_filter)
+            manifest[name].append({"task": config.name, "repo": config.hf_repo, "subset": config.hf_subset,
+                                   "revision": config.hf_revision, "split": split, "rows": len(rows),
+                                   "fingerprint": rows._fingerprint})
+    return manifest
+
+
+def tasks_module(configs: list[LightevalTaskConfig]) -> types.ModuleType:
+    """A custom-tasks module object for lighteval's Pipeline."""
     module = types.ModuleType("melt_lighteval_tasks", __doc__)
-    module.TASKS_TABLE = [task_config(s) for s in specs]
+    module.TASKS_TABLE = list(configs)
     return module
 
 

@@ -94,7 +94,7 @@ def test_bad_eval_inputs(tmp_path):
     task = TaskSpec(name="t", path=str(tmp_path / "missing.jsonl"))
     with pytest.raises(DataError, match="task 't': .*missing.jsonl: dataset file not found"):
         evaluate(ModelSpec("m", str(teacher)), task, tmp_path / "r.json")
-    with pytest.raises(CheckpointError, match="model 'm': .* is not a melt_core checkpoint directory"):
+    with pytest.raises(CheckpointError, match="model 'm': .* is not a model checkpoint directory"):
         evaluate(ModelSpec("m", str(tmp_path)), TaskSpec(name="t", path=str(paths["test"])), tmp_path / "r.json")
     with pytest.raises(ConfigError, match="pass@10 needs samples >= 10"):
         evaluate(ModelSpec("m", str(teacher)), TaskSpec(name="t", path=str(paths["test"]), ks=[10]),

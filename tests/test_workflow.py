@@ -35,6 +35,7 @@ def test_lint_is_clean():
     (lambda c: c["train"].update(chunk_size="big"), "'big' is not of type 'integer', 'null'"),
     (lambda c: c["ablations"].update(recipes=["full", "no_magic"]), "unknown recipe name(s) ['no_magic']"),
     (lambda c: c["ablations"].update(gates=["elementwise", "lstm"]), "'lstm' is not one of"),
+    (lambda c: c["eval"]["tasks"].update(aime={"lighteval": "aime24"}), "'aime24' does not match"),
 ])
 def test_bad_config_fails_before_any_job(tmp_path, mutate, message):
     cfg = yaml.safe_load((ROOT / "config/default.yaml").read_text())
@@ -50,6 +51,11 @@ def test_paper_config_plans_through_the_slurm_profile():
     r = smk("--profile", "profiles/slurm", "-n", "all", "--quiet", "rules")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "train" in r.stdout and "eval" in r.stdout
+    # the paper suite: benchmark data and the dense baseline are fetched before the evals
+    assert "benchmark_data" in r.stdout and "dense_baseline" in r.stdout
+    r = smk("--profile", "profiles/slurm", "-n", "results/paper/eval/dense-qwen3-1.7b/aime24.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rule dense_baseline:" in r.stdout and "rule benchmark_data:" in r.stdout
 
 
 def _free_port():

@@ -11,6 +11,9 @@ GATES = config["ablations"]["gates"]
 RECIPES = list(config["recipes"])
 SHARING = config["baselines"]["sharing"]
 TASKS = list(config["eval"]["tasks"])
+# benchmarks scored with lighteval's own task definitions: their data is fetched first
+LIGHTEVAL_TASKS = {t: spec for t, spec in config["eval"]["tasks"].items() if "lighteval" in spec}
+DENSE = config.get("dense_baselines") or {}  # name -> {repo_id, revision, sha256}: e.g. Qwen3-1.7B
 SHAPES = config["profile"]["shapes"]
 
 
@@ -40,7 +43,8 @@ def training_runs():
 
 
 RUNS = [f"{g}__{r}" for g, r in training_runs()]
-MODELS = (["ouro", "melt-untrained"] + [f"ouro-{s}" for s in SHARING] + [f"melt-{r}" for r in RUNS])
+MODELS = (["ouro", "melt-untrained"] + [f"ouro-{s}" for s in SHARING] + [f"melt-{r}" for r in RUNS]
+          + [f"dense-{d}" for d in DENSE])
 
 
 def _one_of(names):
@@ -52,6 +56,7 @@ wildcard_constraints:
     recipe=_one_of(RECIPES),
     run=_one_of(RUNS),
     model=_one_of(MODELS),
+    dense=_one_of(DENSE) if DENSE else "(?!)",
     task=_one_of(TASKS),
     shape=_one_of(SHAPES),
 
@@ -64,6 +69,8 @@ def model_checkpoint(model):
     """Checkpoint directory behind a model id of MODELS."""
     if model == "ouro" or model.startswith("ouro-"):
         return teacher_dir()
+    if model.startswith("dense-"):
+        return f"{OUT}/checkpoints/{model}"
     if model == "melt-untrained":
         return f"{OUT}/checkpoints/melt-init-{config['main_run']['gate']}"
     return f"{OUT}/runs/{model.removeprefix('melt-')}/final"
@@ -93,6 +100,16 @@ def mlflow_spec(stage, **tags):
     spec["experiment"] = spec.get("experiment") or f"melt-{config['name']}"
     spec["tags"] = {"stage": stage, "config": config["name"], **{k: str(v) for k, v in tags.items()}}
     return spec
+
+
+def eval_inputs(model):
+    """A model's checkpoint, the embedded task's data, and the fetched benchmark data."""
+    inputs = {"model": model_checkpoint(model)}
+    if "test" in teacher_inputs():
+        inputs["data"] = teacher_inputs()["test"]
+    if LIGHTEVAL_TASKS:
+        inputs["benchmarks"] = f"{OUT}/data/benchmarks.json"
+    return inputs
 
 
 def teacher_inputs():

@@ -5,8 +5,7 @@
 
 rule eval:
     input:
-        model=lambda wc: model_checkpoint(wc.model),
-        data=lambda wc: teacher_inputs().get("test", []),
+        unpack(lambda wc: eval_inputs(wc.model)),
     output:
         expand(f"{OUT}/eval/{{{{model}}}}/{{task}}.json", task=TASKS),
     params:

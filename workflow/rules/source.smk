@@ -36,3 +36,37 @@ rule teacher:
         "../../envs/melt.yaml"
     script:
         "../scripts/teacher.py"
+
+
+# Downloads run where snakemake runs (a login node with internet), not on compute nodes.
+localrules:
+    dense_baseline,
+    benchmark_data,
+
+
+rule dense_baseline:
+    output:
+        directory(f"{OUT}/checkpoints/dense-{{dense}}"),
+    params:
+        source=lambda wc: {"kind": "hub", **DENSE[wc.dense]},
+        mlflow=lambda wc: mlflow_spec("source", model=f"dense-{wc.dense}"),
+    log:
+        f"{OUT}/logs/dense-{{dense}}.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/teacher.py"
+
+
+rule benchmark_data:
+    output:
+        f"{OUT}/data/benchmarks.json",
+    params:
+        tasks=LIGHTEVAL_TASKS,
+        mlflow=mlflow_spec("data"),
+    log:
+        f"{OUT}/logs/benchmark_data.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/benchmark_data.py"

@@ -1,7 +1,10 @@
 """Rule eval: one model, every task -> one results JSON per task (per-sample details + metrics).
 
 Model ids: ouro (teacher, per-loop cache), ouro-{first,last}-loop[+prompt] (the untrained
-sharing baselines of Table 5), melt-untrained (converted, no training), melt-{gate}__{recipe}.
+sharing baselines of Table 5), melt-untrained (converted, no training), melt-{gate}__{recipe},
+dense-{name} (a dense hub baseline such as Qwen3-1.7B, sampled by the same code).
+Tasks: a local JSONL (`path`, or the embedded task's `split`) or lighteval's own definition
+(`lighteval: <module>/<task>`, data fetched by rule benchmark_data).
 """
 
 import sys
@@ -27,9 +30,10 @@ with rule_context(sm, "eval") as log:
     for out in sm.output:
         task_name = Path(out).stem
         task_cfg = dict(sm.params.tasks[task_name])
-        split = task_cfg.pop("split", "test")
-        path = task_cfg.pop("path", None) or str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl")
-        task = TaskSpec(name=task_name, path=path, template=sm.config["train"]["template"], **task_cfg)
+        if "lighteval" not in task_cfg:  # a local JSONL: given, or the embedded task's split
+            split = task_cfg.pop("split", "test")
+            task_cfg.setdefault("path", str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl"))
+        task = TaskSpec(name=task_name, template=sm.config["train"]["template"], **task_cfg)
         log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
         result = run(spec, task, out, seed=ev.get("seed", 0), batch_size=ev.get("batch_size", 64), logger=log)
         print(task_name, result["metrics"])

@@ -15,12 +15,15 @@ sm = snakemake
 
 def table1_main(r: Results) -> tuple[pd.DataFrame, str]:
     rows = []
+    dense = r.config["report"].get("dense_column")
     for bench, paper in r.paper["table1_main"].items():
         ouro, melt = r.score("ouro", bench), r.score(r.main_model, bench)
+        qwen = r.score(f"dense-{dense}", bench) if dense else None
         rows.append({"benchmark": bench, "ours stands in": r.columns.get(bench, "not measured"),
                      "Ouro paper": paper["ouro"], "Ouro ours": ouro, "Ouro diff": diff(ouro, paper["ouro"]),
                      "MELT paper": paper["melt"], "MELT ours": melt, "MELT diff": diff(melt, paper["melt"]),
-                     "Qwen3-1.7B paper": paper["qwen3"]})
+                     "Qwen3-1.7B paper": paper["qwen3"], "Qwen3-1.7B ours": qwen,
+                     "Qwen3-1.7B diff": diff(qwen, paper["qwen3"])})
     return pd.DataFrame(rows), f"Table 1: main results (percent). {r.note}"
 
 
