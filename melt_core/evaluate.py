@@ -58,6 +58,7 @@ class TaskSpec:
     metric: str | None = None
     stop: list[str] | None = None
     select: dict[str, Any] | None = None
+    allow_code_execution: bool = False  # HumanEval+: scoring runs the model's code
 
     def __post_init__(self):
         if (self.path is None) == (self.lighteval is None):

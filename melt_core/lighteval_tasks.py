@@ -10,6 +10,7 @@
   rename the dataset's fields into the ones the prompt function reads. ``data_dir`` points at a
   local copy instead of the hub (a folder of ``<split>.jsonl``/``.parquet`` in the dataset's
   own columns); ``select: {n, seed, id_field}`` fixes a subset (HLE's 300 questions).
+  Module ``melt`` holds the definitions we add (HumanEval+: melt_core.code_tasks).
 * **local JSONL tasks** (the embedded suite, or any benchmark exported to chat records): a spec
   ``{name, data_dir, split, answer_style, ...}``; scored with melt_core's answer extraction.
 
@@ -21,6 +22,7 @@ environment variable ``MELT_LIGHTEVAL_TASKS`` (a JSON list).
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import importlib
 import json
@@ -58,14 +60,26 @@ class AnswerMatch:
         return float(extract_answer(model_response.text[0], self.style) == gold)
 
 
+class FullDocPassAtK(PassAtK):
+    """lighteval's unbiased pass@k, scoring each sample against the whole doc: lighteval's own
+    rebuilds a bare Doc for its scorer, dropping ``specific`` (where HumanEval+ keeps its tests)."""
+
+    def compute(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
+        scored = copy.copy(doc)
+        scored.choices = [self.preprocess(c) for c in doc.choices]
+        return self.pass_at_k([self.compute_score(doc=scored, model_response=ModelResponse(text=[self.preprocess(p)]))
+                               for p in model_response.final_text[: self.n]])
+
+
 def pass_at_k_metrics(scorer, ks: list[int], n: int, normalize=None, strip_strings: bool = False
                       ) -> list[SampleLevelMetric]:
     """One ``pass@k`` metric per k over n samples, each sample scored by ``scorer(doc, response)``."""
     if max(ks) > n:
         raise ConfigError(f"pass@{max(ks)} needs samples >= {max(ks)}, got samples={n}")
     return [SampleLevelMetric(metric_name=f"pass@{k}", higher_is_better=True, category=SamplingMethod.GENERATIVE,
-                              sample_level_fn=PassAtK(k=k, n=n, normalize=normalize, strip_strings=strip_strings,
-                                                      sample_scoring_function=scorer),
+                              sample_level_fn=FullDocPassAtK(k=k, n=n, normalize=normalize,
+                                                             strip_strings=strip_strings,
+                                                             sample_scoring_function=scorer),
                               corpus_level_fn=np.mean)
             for k in ks]
 
@@ -73,7 +87,7 @@ def pass_at_k_metrics(scorer, ks: list[int], n: int, normalize=None, strip_strin
 def sample_correct(config: LightevalTaskConfig, doc: Doc, text: str) -> bool:
     """Whether one completion is correct by the task's own scorer (pass@1 over that one sample)."""
     fn = config.metrics[0].sample_level_fn
-    one = PassAtK(k=1, n=1, normalize=fn.normalize, strip_strings=fn.strip_strings,
+    one = FullDocPassAtK(k=1, n=1, normalize=fn.normalize, strip_strings=fn.strip_strings,
                   sample_scoring_function=fn.compute_score)
     return bool(one.compute(doc, ModelResponse(text=[text])) == 1.0)
 
@@ -108,26 +122,40 @@ def builtin_modules() -> list[str]:
                   + [d.name for d in root.iterdir() if (d / "main.py").is_file()])
 
 
+def project_tasks() -> list[LightevalTaskConfig]:
+    """The benchmarks lighteval does not define, as module ``melt``."""
+    from melt_core.code_tasks import PassesTests, humaneval_prompt
+
+    return [LightevalTaskConfig(name="humaneval_plus", prompt_function=humaneval_prompt,
+                                hf_repo="evalplus/humanevalplus", hf_subset="default", hf_avail_splits=["test"],
+                                evaluation_splits=["test"], generation_size=32_768, stop_sequence=[],
+                                metrics=pass_at_k_metrics(PassesTests(), [1], 1))]
+
+
 def find_builtin(ref: str, where: str) -> list[LightevalTaskConfig]:
-    """lighteval's task definitions named by ``"<module>/<task pattern>"``; only that module is imported."""
+    """lighteval's task definitions named by ``"<module>/<task pattern>"``; only that module is
+    imported. Module ``melt`` holds ours (HumanEval+)."""
     module, _, pattern = ref.partition("/")
-    available = builtin_modules()
+    available = ["melt", *builtin_modules()]
     if not pattern or module not in available:
         raise ConfigError(f"{where}: lighteval task {ref!r} not found; write '<module>/<task>' with a module "
                           f"from lighteval/tasks/tasks: {', '.join(available)}")
     if module in UNSAFE_MODULES:
         raise ConfigError(f"{where}: lighteval module {module!r} downloads or queries the hub when imported; "
                           "export the benchmark to JSONL and use a `path` task instead")
-    name = f"lighteval.tasks.tasks.{module}"
-    try:
-        mod = importlib.import_module(name)
-    except ModuleNotFoundError:
-        mod = importlib.import_module(f"{name}.main")
-    found = [c for c in mod.TASKS_TABLE if fnmatch.fnmatchcase(c.name, pattern)]
+    if module == "melt":
+        table = project_tasks()
+    else:
+        name = f"lighteval.tasks.tasks.{module}"
+        try:
+            table = importlib.import_module(name).TASKS_TABLE
+        except ModuleNotFoundError:
+            table = importlib.import_module(f"{name}.main").TASKS_TABLE
+    found = [c for c in table if fnmatch.fnmatchcase(c.name, pattern)]
     if not found:
-        names = ", ".join(sorted(c.name for c in mod.TASKS_TABLE)[:12])
+        names = ", ".join(sorted(c.name for c in table)[:12])
         raise ConfigError(f"{where}: lighteval module {module!r} has no task matching {pattern!r}; it defines: "
-                          f"{names}{' ...' if len(mod.TASKS_TABLE) > 12 else ''}")
+                          f"{names}{' ...' if len(table) > 12 else ''}")
     return sorted(found, key=lambda c: c.name)
 
 
@@ -203,6 +231,10 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
     The data is loaded once here so a missing dataset fails before any model runs."""
     where = f"task {spec['name']!r}"
     found = find_builtin(spec["lighteval"], where)
+    if any(c.name == "humaneval_plus" for c in found) and not spec.get("allow_code_execution"):
+        raise ConfigError(f"{where}: scoring HumanEval+ runs the model's code (isolated interpreter, time and "
+                          "memory limits, but no sandbox); opt in with `allow_code_execution: true`, ideally in a "
+                          "container without network")
     configs = []
     for base in found:
         name = spec["name"] if len(found) == 1 else f"{spec['name']}:{base.name}"

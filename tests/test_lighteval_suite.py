@@ -200,3 +200,46 @@ def test_dense_loading_refuses_pickles_and_remote_code(wide, tmp_path):
     (pickled / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(melt_core.CheckpointError, match="no safetensors weights"):
         DenseLM.from_pretrained(pickled)
+
+
+HUMANEVAL_ROWS = [
+    {"task_id": "HumanEval/0", "entry_point": "add",
+     "prompt": 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs."""\n',
+     "canonical_solution": "    return sum(xs)\n",
+     "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n"},
+    {"task_id": "HumanEval/1", "entry_point": "double",
+     "prompt": 'def double(x):\n    """Twice x."""\n',
+     "canonical_solution": "    return 2 * x\n",
+     "test": "def check(candidate):\n    assert candidate(4) == 8\n"},
+]
+
+
+def test_humaneval_plus_runs_the_tests(wide, monkeypatch):
+    """Our HumanEval+ task: a correct function (in a code block after reasoning, or as a bare
+    body continuing the signature) passes; a wrong one, a crash, or an endless loop fails."""
+    from melt_core import code_tasks
+
+    root, ouro, _, _ = wide
+    data = write_jsonl(root / "humaneval", "test", HUMANEVAL_ROWS)
+    monkeypatch.setattr(code_tasks, "TIMEOUT_S", 3.0)
+    answers = {
+        "add": ["<think>easy</think>```python\nfrom typing import List\ndef add(xs: List[int]) -> int:\n"
+                "    return sum(xs)\n```", "    return 0\n", "```python\ndef add(xs):\n    while True: pass\n```"],
+        "double": ["    return 2 * x\n", "```python\ndef double(x):\n    raise ValueError\n```",
+                   "no code at all"],
+    }
+
+    def greedy_until(self, docs):
+        return [ModelResponse(input=d.query, text=answers[d.specific["entry_point"]], output_tokens=[[0]] * 3)
+                for d in docs]
+
+    monkeypatch.setattr(MeltLightevalModel, "greedy_until", greedy_until)
+    task = TaskSpec(name="humaneval", lighteval="melt/humaneval_plus", data_dir=str(data), samples=3, ks=[1, 3],
+                    allow_code_execution=True)
+    res = evaluate_lighteval(ModelSpec("ouro", str(ouro)), task, root / "he.json")
+    assert {d["gold"]: d["correct"] for d in res["details"]} == {
+        "    return sum(xs)\n": [True, False, False], "    return 2 * x\n": [True, False, False]}
+    assert res["metrics"] == {"pass@1": pytest.approx(1 / 3), "pass@3": 1.0}
+    with pytest.raises(melt_core.ConfigError, match="runs the model's code.*allow_code_execution: true"):
+        evaluate_lighteval(ModelSpec("ouro", str(ouro)), TaskSpec(name="humaneval", lighteval="melt/humaneval_plus",
+                                                                  data_dir=str(data)), root / "x.json")
