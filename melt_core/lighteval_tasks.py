@@ -161,15 +161,21 @@ def find_builtin(ref: str, where: str) -> list[LightevalTaskConfig]:
 
 def _scorer(config: LightevalTaskConfig, metric: str | None, where: str) -> SamplingMetric | object:
     """The per-sample scorer of a built-in task: its first generative metric, or ``metric`` by name."""
+    def per_sample(m) -> bool:  # one score per generated sample (not a corpus-level or judge grouping)
+        return type(m) is SampleLevelMetric and m.category == SamplingMethod.GENERATIVE
+
     if metric:
         if metric not in Metrics.__members__:
             raise ConfigError(f"{where}: unknown lighteval metric {metric!r}; see lighteval.metrics.metrics.Metrics")
+        if not per_sample(Metrics[metric].value):
+            raise ConfigError(f"{where}: lighteval metric {metric!r} does not score single generated samples; "
+                              "pass@k needs one that does (e.g. exact_match, expr_gold_metric, pass_at_k_math)")
         candidates = [Metrics[metric].value]
     else:
-        candidates = [m for m in config.metrics if m.category == SamplingMethod.GENERATIVE]
+        candidates = [m for m in config.metrics if per_sample(m)]
     if not candidates:
-        raise ConfigError(f"{where}: lighteval task {config.name!r} has no generative metric "
-                          "(it scores log-likelihoods); name one with `metric:`")
+        raise ConfigError(f"{where}: lighteval task {config.name!r} has no per-sample generative metric "
+                          "(it scores log-likelihoods or uses a judge); name one with `metric:`")
     return candidates[0].sample_level_fn
 
 

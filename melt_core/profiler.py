@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from .cache import KVCache
 from .config import ConfigError, ModelConfig
@@ -165,45 +166,65 @@ def _cuda_max_batch(model: LoopedLM, context: int, cap_gb: float) -> int:
 
 # ------------------------------------------------------------------------------- speed
 @torch.no_grad()
-def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_chunk: int | None = None) -> dict:
-    """Prefill tok/s, time to first token and decode tok/s after ``context`` tokens."""
+def _prefill(model: LoopedLM, batch: int, context: int, steps: int, prefill_chunk: int | None):
+    """Fill a fresh cache with ``context`` random tokens; returns (cache, next token, seconds)."""
     ids = torch.randint(1, model.config.vocab_size, (batch, context), device=model.lm_head.weight.device)
     cache = model.new_cache(capacity=context + steps + 1)
-    sync = torch.cuda.synchronize if ids.is_cuda else (lambda: None)
     t0 = time.perf_counter()
     out = model(ids, cache=cache, chunk_size=prefill_chunk if model.config.is_melt else None, logits="last")
     token = out.logits[:, -1].argmax(-1, keepdim=True)
-    sync()
-    ttft = time.perf_counter() - t0
-    times = []
-    for _ in range(steps):
-        t1 = time.perf_counter()
-        out = model(token, cache=cache, logits="last")
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        sync()
-        times.append(time.perf_counter() - t1)
-    step = statistics.median(times)
-    return {"batch": batch, "context": context, "prefill_tok_s": batch * context / ttft, "ttft_s": ttft,
-            "decode_tok_s": batch / step, "decode_step_s": step}
+    _sync(ids)
+    return cache, token, time.perf_counter() - t0
+
+
+def _decode_step(model: LoopedLM, cache, token: Tensor) -> tuple[Tensor, float]:
+    t0 = time.perf_counter()
+    token = model(token, cache=cache, logits="last").logits[:, -1].argmax(-1, keepdim=True)
+    _sync(token)
+    return token, time.perf_counter() - t0
+
+
+def _sync(t: Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize()
+
+
+def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_chunk: int | None = None) -> dict:
+    """Prefill tok/s, time to first token and decode tok/s after ``context`` tokens."""
+    row = compare_decode({"m": model}, [batch], [context], steps, rounds=1, prefill_chunk=prefill_chunk,
+                         warm_up=False)[0]
+    del row["model"]
+    return row
 
 
 def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
-                   rounds: int = 2, prefill_chunk: int | None = 256) -> list[dict]:
-    """Every model at every (batch, context), alternating models within each round, after one
-    discarded warm-up pass per model (first calls pay for allocator and kernel set-up)."""
-    for model in models.values():
-        decode_speed(model, min(batches), min(contexts), 2, prefill_chunk)
+                   rounds: int = 2, prefill_chunk: int | None = 256, warm_up: bool = True) -> list[dict]:
+    """Every model at every (batch, context), side by side: each round prefills every model, then
+    their decode steps alternate one by one, so a change in machine load hits all of them alike.
+    Medians over steps and rounds; one discarded warm-up pass first (allocator, kernel set-up)."""
+    if warm_up:
+        compare_decode(models, [min(batches)], [min(contexts)], 2, 1, prefill_chunk, warm_up=False)
     rows = []
     for batch in batches:
         for context in contexts:
-            per: dict[str, list[dict]] = {name: [] for name in models}
+            prefill = {name: [] for name in models}
+            step_s = {name: [] for name in models}
             for _ in range(rounds):
+                state = {}
                 for name, model in models.items():
-                    per[name].append(decode_speed(model, batch, context, steps, prefill_chunk))
-            for name, runs in per.items():
-                rows.append({"model": name, "batch": batch, "context": context,
-                             **{k: statistics.median(r[k] for r in runs)
-                                for k in ("prefill_tok_s", "ttft_s", "decode_tok_s")}})
+                    cache, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
+                    state[name] = (cache, token)
+                    prefill[name].append(seconds)
+                for _ in range(steps):
+                    for name, model in models.items():
+                        cache, token = state[name]
+                        token, seconds = _decode_step(model, cache, token)
+                        state[name] = (cache, token)
+                        step_s[name].append(seconds)
+            for name in models:
+                ttft, step = statistics.median(prefill[name]), statistics.median(step_s[name])
+                rows.append({"model": name, "batch": batch, "context": context, "prefill_tok_s": batch * context / ttft,
+                             "ttft_s": ttft, "decode_tok_s": batch / step, "decode_step_s": step})
     return rows
 
 

@@ -147,6 +147,9 @@ def test_suite_bad_input(wide):
         evaluate_lighteval(model, TaskSpec(name="x", lighteval="tiny_benchmarks/tiny:gsm8k"), root / "x.json")
     with pytest.raises(DataError, match="task 'x': cannot load dataset 'HuggingFaceH4/aime_2024'.*offline.*data_dir"):
         evaluate_lighteval(model, TaskSpec(name="x", lighteval="aime/aime24"), root / "x.json")
+    with pytest.raises(melt_core.ConfigError, match="'loglikelihood_acc' does not score single generated samples"):
+        evaluate_lighteval(model, TaskSpec(name="x", lighteval="aime/aime24", data_dir=str(aime),
+                                           metric="loglikelihood_acc"), root / "x.json")
     with pytest.raises(DataError, match="data_dir .* does not exist"):
         evaluate_lighteval(model, TaskSpec(name="x", lighteval="aime/aime24", data_dir=str(root / "no")), root / "x")
     with pytest.raises(melt_core.ConfigError, match="exactly one of `path`"):
