@@ -7,6 +7,11 @@ MELT/Ouro ratio. Weights are random: speed depends on shapes, not on values.
 
     python benchmarks/decode_speed.py                  # the issue's grid (batch 1, 8; ctx 256-4096)
     python benchmarks/decode_speed.py --quick          # a short smoke run
+    python benchmarks/decode_speed.py --kv-budget-mb 800 --contexts 4096
+        # equal KV memory: each model decodes the largest batch whose cache fits the budget
+
+Per decode step MELT reads as many K/V rows as Ouro (T loops x N layers x L rows); what it
+saves is the footprint (T times smaller), which buys batch. The budget mode measures that.
 """
 
 from __future__ import annotations
@@ -32,12 +37,15 @@ def main() -> None:
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--quick", action="store_true", help="tiny shape, short contexts")
+    p.add_argument("--kv-budget-mb", type=float, help="equal-memory mode: batch = budget // KV(context)")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks/decode_speed"))
     a = p.parse_args()
     if a.quick:
         a.shape, a.contexts, a.steps, a.rounds = "tiny", [64, 256], 8, 1
     ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES[a.shape]), getattr(torch, a.dtype))
     models = {"ouro": ouro, "melt": melt_from_ouro(ouro)}
+    if a.kv_budget_mb:
+        return budget_mode(models, a)
     rows = compare_decode(models, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk)
     by_key = {(r["model"], r["batch"], r["context"]): r for r in rows}
     lines = ["| batch | context | Ouro tok/s | MELT tok/s | MELT / Ouro |", "|---:|---:|---:|---:|---:|"]
@@ -49,6 +57,32 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{a.shape}.json").write_text(json.dumps(rows, indent=2))
     (a.out / f"{a.shape}.md").write_text(f"shape {a.shape}, {a.dtype}\n\n{table}\n")
+    print(table)
+
+
+def budget_mode(models: dict, a) -> None:
+    """Aggregate decode tok/s of each model at the largest batch its cache allows in the budget."""
+    nbytes = next(iter(models.values())).lm_head.weight.element_size()
+    lines = [f"KV budget {a.kv_budget_mb:.0f} MB", "",
+             "| context | Ouro batch | Ouro tok/s | MELT batch | MELT tok/s | MELT / Ouro |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    rows = []
+    for context in a.contexts:
+        got = {}
+        for name, model in models.items():
+            batch = int(a.kv_budget_mb * 1e6 // model.config.kv_bytes(context, nbytes))
+            if batch < 1:
+                raise SystemExit(f"{name}: one {context}-token sequence needs "
+                                 f"{model.config.kv_bytes(context, nbytes) / 1e6:.0f} MB > the budget")
+            got[name] = compare_decode({name: model}, [batch], [context], a.steps, a.rounds, a.prefill_chunk)[0]
+            rows.append(got[name])
+        o, m = got["ouro"], got["melt"]
+        lines.append(f"| {context} | {o['batch']} | {o['decode_tok_s']:.1f} | {m['batch']} | {m['decode_tok_s']:.1f} "
+                     f"| {m['decode_tok_s'] / o['decode_tok_s']:.2f} |")
+    table = "\n".join(lines)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / f"{a.shape}-budget.json").write_text(json.dumps(rows, indent=2))
+    (a.out / f"{a.shape}-budget.md").write_text(table + "\n")
     print(table)
 
 
