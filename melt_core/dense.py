@@ -81,7 +81,7 @@ class DenseLM(torch.nn.Module):
             raise CheckpointError(f"{path}: transformers does not implement this architecture without remote "
                                   f"code, which melt_core never runs ({err})") from None
         hf = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
-                                                  torch_dtype=dtype or "auto")
+                                                  dtype=dtype or "auto")
         return cls(hf.to(device))
 
     def new_cache(self, capacity: int | None = None, mode: str = "default", keep_prompt: bool = False,
@@ -100,6 +100,6 @@ class DenseLM(torch.nn.Module):
         if cache is not None:
             attention_mask = cache.extend_mask(attention_mask)
         out = self.hf(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                      past_key_values=cache.kv if cache is not None else None, use_cache=cache is not None,
+                      cache=cache.kv if cache is not None else None, use_cache=cache is not None,
                       logits_to_keep=1 if logits == "last" else 0)
         return _Out(out.logits)
