@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.profiler import build_random, compare_decode
+from melt_core.profiler import build_random, compare_decode, decode_ratio_table
 from melt_core.shapes import SPEED_SHAPES
 
 
@@ -47,13 +47,7 @@ def main() -> None:
     if a.kv_budget_mb:
         return budget_mode(models, a)
     rows = compare_decode(models, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk)
-    by_key = {(r["model"], r["batch"], r["context"]): r for r in rows}
-    lines = ["| batch | context | Ouro tok/s | MELT tok/s | MELT / Ouro |", "|---:|---:|---:|---:|---:|"]
-    for b in a.batches:
-        for c in a.contexts:
-            o, m = by_key["ouro", b, c]["decode_tok_s"], by_key["melt", b, c]["decode_tok_s"]
-            lines.append(f"| {b} | {c} | {o:.1f} | {m:.1f} | {m / o:.2f} |")
-    table = "\n".join(lines)
+    table = decode_ratio_table(rows, "ouro", "melt", ("Ouro", "MELT"))
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{a.shape}.json").write_text(json.dumps(rows, indent=2))
     (a.out / f"{a.shape}.md").write_text(f"shape {a.shape}, {a.dtype}\n\n{table}\n")

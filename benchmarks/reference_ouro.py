@@ -28,7 +28,7 @@ import torch
 
 from melt_core import ModelConfig, save_pretrained
 from melt_core.generate import SamplingParams, generate
-from melt_core.profiler import build_random, compare_decode
+from melt_core.profiler import build_random, compare_decode, decode_ratio_table
 from melt_core.shapes import SPEED_SHAPES
 
 
@@ -93,14 +93,8 @@ def main() -> None:
     agree = sum(x == y for x, y in zip(ours_tokens, ref_tokens)) / a.steps
 
     rows = compare_decode({"reference": Reference(ref), "ours": ours}, a.batches, a.contexts, a.steps, a.rounds)
-    by = {(r["model"], r["batch"], r["context"]): r for r in rows}
     lines = [f"shape {a.shape}, {a.dtype}; logits max |ours - reference| = {logits_err:.2e}; "
-             f"greedy tokens agreeing: {agree:.0%} of {a.steps}", "",
-             "| batch | context | reference tok/s | ours tok/s | ours / reference |", "|---:|---:|---:|---:|---:|"]
-    for b in a.batches:
-        for c in a.contexts:
-            r, o = by["reference", b, c]["decode_tok_s"], by["ours", b, c]["decode_tok_s"]
-            lines.append(f"| {b} | {c} | {r:.1f} | {o:.1f} | {o / r:.2f} |")
+             f"greedy tokens agreeing: {agree:.0%} of {a.steps}", "", decode_ratio_table(rows, "reference", "ours")]
     report = "\n".join(lines)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{a.shape}.json").write_text(json.dumps({"logits_max_abs_err": logits_err, "greedy_agreement": agree,

@@ -233,6 +233,18 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
     return rows
 
 
+def decode_ratio_table(rows: list[dict], base: str, other: str, labels: tuple[str, str] | None = None) -> str:
+    """compare_decode rows as a Markdown table: tok/s of ``base`` and ``other`` and their ratio."""
+    b_label, o_label = labels or (base, other)
+    by = {(r["model"], r["batch"], r["context"]): r["decode_tok_s"] for r in rows}
+    cells = sorted({(r["batch"], r["context"]) for r in rows})
+    lines = [f"| batch | context | {b_label} tok/s | {o_label} tok/s | {o_label} / {b_label} |",
+             "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {b} | {c} | {by[base, b, c]:.1f} | {by[other, b, c]:.1f} | {by[other, b, c] / by[base, b, c]:.2f} |"
+              for b, c in cells]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- sweeps
 def loop_and_window_sweeps(shape: str = "melt-1.6b", loops=(1, 2, 4, 8), windows=(0, 50, 200),
                            context: int = 256, dtype: torch.dtype = torch.bfloat16) -> dict:
