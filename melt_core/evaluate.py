@@ -80,13 +80,19 @@ class ModelSpec:
     prefill_chunk: int | None = None  # MELT: None = token-by-token (exact), C = chunked
 
 
-def load_model(spec: ModelSpec, device: str = "cpu"):
-    """An Ouro/MELT checkpoint, or a dense transformers one (the baselines), by its config.json."""
+def _kind(spec: ModelSpec) -> str:
+    """``melt`` or ``dense`` (checkpoint_kind), the error naming the model."""
     try:
-        kind = checkpoint_kind(spec.path)
+        return checkpoint_kind(spec.path)
     except CheckpointError as err:
         raise CheckpointError(f"model {spec.name!r}: {err}") from None
-    return load_pretrained(spec.path, device=device) if kind == "melt" else DenseLM.from_pretrained(spec.path, device)
+
+
+def load_model(spec: ModelSpec, device: str = "cpu"):
+    """An Ouro/MELT checkpoint, or a dense transformers one (the baselines), by its config.json."""
+    if _kind(spec) == "melt":
+        return load_pretrained(spec.path, device=device)
+    return DenseLM.from_pretrained(spec.path, device)
 
 
 def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:
@@ -95,10 +101,7 @@ def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:
     if max(task.ks) > task.samples:
         raise ConfigError(f"task {task.name!r}: pass@{max(task.ks)} needs samples >= {max(task.ks)}, "
                           f"got samples={task.samples}")
-    try:
-        checkpoint_kind(model_spec.path)
-    except CheckpointError as err:
-        raise CheckpointError(f"model {model_spec.name!r}: {err}") from None
+    _kind(model_spec)
     if task.lighteval:
         return None
     try:

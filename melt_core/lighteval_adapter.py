@@ -116,12 +116,11 @@ class MeltLightevalModel(LightevalModel):
             messages = [{"role": "user", "content": query}]
         return prompt_text({"messages": messages}, self._tokenizer, self.config.template)
 
-    def _sampling(self, doc: Doc) -> SamplingParams:
+    def _sampling(self, doc: Doc, prompt_len: int) -> SamplingParams:
         gp = self.config.generation_parameters
         temperature = gp.temperature if gp.temperature is not None else 0.0
         greedy = temperature == 0.0 and doc.num_samples == 1
         budget = doc.generation_size or gp.max_new_tokens or 256
-        prompt_len = len(self.tok_encode(self.prompt(doc)))
         if prompt_len >= self.max_length:
             raise ConfigError(f"doc {doc.id or doc.query[:30]!r}: prompt of {prompt_len} tokens does not fit "
                               f"max_position_embeddings={self.max_length}")
@@ -134,18 +133,18 @@ class MeltLightevalModel(LightevalModel):
 
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
         """Docs with the same sampling settings are generated together, in batches, in doc order."""
+        texts = [self.prompt(doc) for doc in docs]
+        prompts = [self.tok_encode(t) for t in texts]
         groups: dict[SamplingParams, list[int]] = {}
         for i, doc in enumerate(docs):
-            groups.setdefault(self._sampling(doc), []).append(i)
+            groups.setdefault(self._sampling(doc, len(prompts[i])), []).append(i)
         responses: list[ModelResponse | None] = [None] * len(docs)
         for params, idx in groups.items():
-            prompts = [self.tok_encode(self.prompt(docs[i])) for i in idx]
-            outs = generate(self.model, prompts, params, cache_mode=self.config.cache_mode,
+            outs = generate(self.model, [prompts[i] for i in idx], params, cache_mode=self.config.cache_mode,
                             keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
                             tokenizer=self._tokenizer, batch_size=self.config.batch_size)
-            for i, prompt, samples in zip(idx, prompts, outs):
-                responses[i] = ModelResponse(input=self.prompt(docs[i]), input_tokens=prompt,
-                                             text=[o.text for o in samples],
+            for i, samples in zip(idx, outs):
+                responses[i] = ModelResponse(input=texts[i], input_tokens=prompts[i], text=[o.text for o in samples],
                                              output_tokens=[o.token_ids for o in samples])
         return responses
 
