@@ -187,8 +187,9 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
         cfg = by_name[key]
         for row in rows:
             texts = list(row.model_response.text)
+            scored = row.model_response.final_text  # what the metrics scored (lighteval may strip reasoning)
             details.append({"task": cfg.name, "prompt": row.doc.query, "gold": row.doc.get_golds()[0],
-                            "completions": texts, "correct": [sample_correct(cfg, row.doc, t) for t in texts],
+                            "completions": texts, "correct": [sample_correct(cfg, row.doc, t) for t in scored],
                             "generated_tokens": [len(t) for t in row.model_response.output_tokens],
                             "scores": {k: float(v) for k, v in row.metric.items()}})
     if records is not None:  # the JSONL's order, as the native backend writes it

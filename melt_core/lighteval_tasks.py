@@ -71,24 +71,43 @@ class FullDocPassAtK(PassAtK):
                                for p in model_response.final_text[: self.n]])
 
 
+class ScoredOnce:
+    """A per-sample scorer shared by a task's pass@k metrics and its detail rows, scoring each
+    (question, sample) once: scoring can be costly (HumanEval+ runs the tests)."""
+
+    def __init__(self, scorer):
+        self.scorer, self.scores = scorer, {}
+
+    def __deepcopy__(self, memo):  # lighteval's registry deep-copies task configs: keep one store
+        return self
+
+    def __call__(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
+        key = (doc.query, tuple(doc.choices), model_response.text[0])
+        if key not in self.scores:
+            self.scores[key] = self.scorer(doc=doc, model_response=model_response, **kwargs)
+        return self.scores[key]
+
+
 def pass_at_k_metrics(scorer, ks: list[int], n: int, normalize=None, strip_strings: bool = False
                       ) -> list[SampleLevelMetric]:
     """One ``pass@k`` metric per k over n samples, each sample scored by ``scorer(doc, response)``."""
     if max(ks) > n:
         raise ConfigError(f"pass@{max(ks)} needs samples >= {max(ks)}, got samples={n}")
+    shared = ScoredOnce(scorer)
     return [SampleLevelMetric(metric_name=f"pass@{k}", higher_is_better=True, category=SamplingMethod.GENERATIVE,
                               sample_level_fn=FullDocPassAtK(k=k, n=n, normalize=normalize,
                                                              strip_strings=strip_strings,
-                                                             sample_scoring_function=scorer),
+                                                             sample_scoring_function=shared),
                               corpus_level_fn=np.mean)
             for k in ks]
 
 
 def sample_correct(config: LightevalTaskConfig, doc: Doc, text: str) -> bool:
-    """Whether one completion is correct by the task's own scorer (pass@1 over that one sample)."""
+    """Whether one completion is correct by the task's own scorer (read from its pass@k metric's
+    shared scores when that already scored it)."""
     fn = config.metrics[0].sample_level_fn
     one = FullDocPassAtK(k=1, n=1, normalize=fn.normalize, strip_strings=fn.strip_strings,
-                  sample_scoring_function=fn.compute_score)
+                         sample_scoring_function=fn.compute_score)
     return bool(one.compute(doc, ModelResponse(text=[text])) == 1.0)
 
 
@@ -256,7 +275,7 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
             repo, subset, revision = str(spec["data_dir"]), "default", None
         split = spec.get("split") or base.evaluation_splits[0]
         fn = _scorer(base, spec.get("metric"), where)
-        scoring = fn.compute_score if isinstance(fn, SamplingMetric) else fn
+        scoring = fn.compute_score if isinstance(fn, SamplingMetric) else fn.compute
         metrics = pass_at_k_metrics(scoring, spec.get("ks", [1]), spec.get("samples", 1),
                                     normalize=getattr(fn, "normalize", None),
                                     strip_strings=getattr(fn, "strip_strings", False))

@@ -237,9 +237,13 @@ def test_humaneval_plus_runs_the_tests(wide, monkeypatch):
                 for d in docs]
 
     monkeypatch.setattr(MeltLightevalModel, "greedy_until", greedy_until)
+    runs = []
+    program = code_tasks.program
+    monkeypatch.setattr(code_tasks, "program", lambda doc, text: runs.append(text) or program(doc, text))
     task = TaskSpec(name="humaneval", lighteval="melt/humaneval_plus", data_dir=str(data), samples=3, ks=[1, 3],
                     allow_code_execution=True)
     res = evaluate_lighteval(ModelSpec("ouro", str(ouro)), task, root / "he.json")
+    assert len(runs) == 6  # each completion's tests run once, for pass@1, pass@3 and the details alike
     assert {d["gold"]: d["correct"] for d in res["details"]} == {
         "    return sum(xs)\n": [True, False, False], "    return 2 * x\n": [True, False, False]}
     assert res["metrics"] == {"pass@1": pytest.approx(1 / 3), "pass@3": 1.0}
