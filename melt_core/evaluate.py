@@ -111,13 +111,14 @@ def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:
 
 
 def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
-             batch_size: int = 64, logger=None, device: str = "cpu") -> dict[str, Any]:
+             batch_size: int = 64, logger=None, device: str = "cpu", model=None) -> dict[str, Any]:
+    """``model``: the checkpoint already loaded (load_model), when one job evaluates several tasks."""
     logger = logger or NullLogger()
     if task.lighteval:
         raise ConfigError(f"task {task.name!r} is lighteval's definition ({task.lighteval}); "
                           "evaluate it with the lighteval backend (eval.backend: lighteval)")
     records = _prepare(model_spec, task)
-    model = load_model(model_spec, device)
+    model = model if model is not None else load_model(model_spec, device)
     tokenizer = load_tokenizer(model_spec.path)
     torch.manual_seed(seed)
     golds = [next(m["content"] for m in r["messages"] if m["role"] == "assistant") for r in records]
@@ -143,7 +144,7 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
 
 
 def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
-                       batch_size: int = 64, logger=None, device: str = "cpu") -> dict[str, Any]:
+                       batch_size: int = 64, logger=None, device: str = "cpu", model=None) -> dict[str, Any]:
     """The evaluation through lighteval's Pipeline (melt_core.lighteval_adapter); same JSON out.
     Runs local JSONL tasks and lighteval's own task definitions alike."""
     import shutil
@@ -176,7 +177,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
         t0 = time.perf_counter()
         limit = task.limit if task.lighteval else None  # (a JSONL task's records are already limited)
         pipeline = build_pipeline(config, ",".join(f"{c.name}|0" for c in configs), Path(tmp) / "lighteval",
-                                  custom_tasks=tasks_module(configs), max_samples=limit)
+                                  custom_tasks=tasks_module(configs), max_samples=limit, model=model)
         pipeline.evaluate()
         seconds = time.perf_counter() - t0
         logged = pipeline.evaluation_tracker.details_logger.details

@@ -11,9 +11,10 @@ tests/test_lighteval.py):
 * lighteval's task registry imports every built-in task module, and some act at import time:
   ``tiny_benchmarks`` downloads a pickle from GitHub (fails offline, and would unpickle a
   downloaded file), the LLM-judge tasks (mt_bench, mix_eval, ...) query the hub. While
-  ``build_pipeline`` constructs the pipeline, the registry imports only the built-in modules
-  named in ``builtin_task_modules`` (none for our local-JSONL suites), and
-  ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` are set when asked to run offline.
+  ``build_pipeline`` constructs the pipeline, the registry imports no built-in module (every
+  task reaches it as our custom module; melt_core.lighteval_tasks imports just the one built-in
+  module a task names), and ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` are set when asked to run
+  offline.
 * Sampling several completions (n > 1) needs ``do_sample`` in the transformers route; here
   n > 1 always samples (temperature, top-p from the generation parameters), and greedy is used
   only when temperature is 0.
@@ -85,9 +86,11 @@ def melt_model_config(checkpoint: str | Path, name: str, **kw) -> MeltModelConfi
 
 
 class MeltLightevalModel(LightevalModel):
-    def __init__(self, config: MeltModelConfig):
+    def __init__(self, config: MeltModelConfig, model=None):
+        """``model``: the checkpoint at ``config.checkpoint`` already loaded (else it is loaded here)."""
         self.config = config
-        self.model = load_model(ModelSpec(config.model_name, config.checkpoint), device=config.device)
+        self.model = model if model is not None else load_model(ModelSpec(config.model_name, config.checkpoint),
+                                                                device=config.device)
         self._tokenizer = load_tokenizer(config.checkpoint)
         self._cache = SampleCache(config)  # the pipeline expects one; greedy_until never reads it
 
@@ -192,11 +195,9 @@ def only_builtin_task_modules(allowed: set[str]):
 
 def build_pipeline(model_config: MeltModelConfig, tasks: str, output_dir: str | Path,
                    custom_tasks: str | Path | None = None, max_samples: int | None = None,
-                   offline: bool = True, builtin_task_modules: set[str] | frozenset = frozenset()):
-    """A lighteval Pipeline evaluating ``tasks`` (e.g. "custom|column_add|0") on our model.
-
-    builtin_task_modules: lighteval's own task modules to load (e.g. {"aime"} for its AIME tasks).
-    """
+                   offline: bool = True, model=None):
+    """A lighteval Pipeline evaluating ``tasks`` (e.g. "column_add|0", defined in ``custom_tasks``)
+    on our model; ``model``: the checkpoint already loaded (MeltLightevalModel)."""
     if offline:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -206,6 +207,6 @@ def build_pipeline(model_config: MeltModelConfig, tasks: str, output_dir: str | 
     tracker = EvaluationTracker(output_dir=str(output_dir), save_details=True)
     params = PipelineParameters(launcher_type=ParallelismManager.CUSTOM, custom_tasks_directory=custom_tasks,
                                 max_samples=max_samples)
-    with only_builtin_task_modules(set(builtin_task_modules)):
+    with only_builtin_task_modules(set()):
         return Pipeline(tasks=tasks, pipeline_parameters=params, evaluation_tracker=tracker,
-                        model=MeltLightevalModel(model_config))
+                        model=MeltLightevalModel(model_config, model))

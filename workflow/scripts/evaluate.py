@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval
+from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval, load_model
 
 sm = snakemake
 model_id = sm.wildcards.model
@@ -27,6 +27,7 @@ run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
 with rule_context(sm, "eval") as log:
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
                     "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend})
+    model = load_model(spec)  # once for all the tasks
     for out in sm.output:
         task_name = Path(out).stem
         task_cfg = dict(sm.params.tasks[task_name])
@@ -35,5 +36,6 @@ with rule_context(sm, "eval") as log:
             task_cfg.setdefault("path", str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl"))
         task = TaskSpec(name=task_name, template=sm.config["train"]["template"], **task_cfg)
         log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
-        result = run(spec, task, out, seed=ev.get("seed", 0), batch_size=ev.get("batch_size", 64), logger=log)
+        result = run(spec, task, out, seed=ev.get("seed", 0), batch_size=ev.get("batch_size", 64), logger=log,
+                     model=model)
         print(task_name, result["metrics"])
