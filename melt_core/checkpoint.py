@@ -152,9 +152,13 @@ def load_pretrained(path: str | Path, dtype: torch.dtype | None = None,
     if dtype is None:
         dtype = state["model.embed_tokens.weight"].dtype
     with torch.device("meta"):
-        model = LoopedLM(cfg)
+        model = LoopedLM(cfg).to(dtype)
+    # Copy into storage from torch's own allocator (64-byte aligned), never assign safetensors'
+    # tensors: they sit at the file's 8-byte-aligned offsets, and BLAS takes other code paths
+    # (another summation order) for unaligned operands, so a reloaded model computed a different
+    # function in the last bits than the model that was saved.
     model = model.to_empty(device=device)
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
+    model.load_state_dict(state, strict=False)
     model.inv_freq = (1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float()
                                                / cfg.head_dim)).to(device)
     if cfg.tie_word_embeddings:

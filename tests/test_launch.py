@@ -11,6 +11,8 @@ from melt_core.launch import launch
 
 
 def test_submitit_local_equals_inprocess(tmp_path):
+    """Exact on purpose: the job is a child process with this process's environment (same kernels,
+    same thread count) and the same torch-allocated memory layout, so any difference is a bug."""
     paths, teacher, student = tiny_setup(tmp_path)
     inproc = launch(train_config(tmp_path, paths, teacher, student, "inproc"), {"backend": "inprocess"})
     job = launch(train_config(tmp_path, paths, teacher, student, "job"), {"backend": "local", "timeout_min": 10})

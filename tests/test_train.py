@@ -105,6 +105,9 @@ def test_two_gloo_processes_equal_one(setup, tmp_path):
 
 
 def test_killed_run_resumes_bitwise(setup, tmp_path):
+    """Exact on purpose: both runs execute the same kernels on this machine (the worker inherits
+    this process's environment and thread count, and every tensor, reloaded ones included, lives
+    in torch-allocated memory), so a resume that changes any bit has lost state."""
     steps = [{"name": "phase1", "steps": 4, "alpha_start": 0.0, "alpha_end": 1.0},
              {"name": "phase2", "steps": 4, "align_beta": 0.1}]
     ref = train(cfg_for(setup, "uninterrupted", phases=steps))
