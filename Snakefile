@@ -4,9 +4,7 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/default.yaml"
-
-
+include: "workflow/rules/layers.smk"  # which config files: the default, or exactly those given
 include: "workflow/rules/common.smk"
 include: "workflow/rules/source.smk"
 include: "workflow/rules/convert.smk"

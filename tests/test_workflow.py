@@ -102,3 +102,52 @@ def test_stage_logs_to_a_real_mlflow_server(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def _merge(base, over):
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _resolve(tmp_path, *configfiles):
+    """The config Snakemake resolves for these --configfile arguments (rule resolved_config)."""
+    out = tmp_path / "out"
+    local = tmp_path / "local.yaml"  # where this test writes, and no tracking store
+    local.write_text(yaml.safe_dump({"outdir": str(out), "mlflow": {"enabled": False}}))
+    r = smk(f"{out}/config.resolved.yaml", "--cores", "1", "--configfile", *configfiles, str(local))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return yaml.safe_load((out / "config.resolved.yaml").read_text())
+
+
+PAPER_BENCHMARKS = {"aime24", "aime25", "aime26", "amc23", "math500", "olympiadbench", "gpqa", "hle",
+                    "mmlu_redux", "humaneval"}
+
+
+@pytest.mark.parametrize("files", [["config/paper.yaml"], ["config/paper.yaml", "config/paper_v3.yaml"],
+                                   ["config/paper_v3.yaml"]])
+def test_paper_config_is_exactly_its_files(tmp_path, files):
+    """Nothing of the embedded default merges under the paper config: the resolved config is the
+    paper files merged (the v3 overlay pulls in paper.yaml itself when given alone)."""
+    got = _resolve(tmp_path, *files)
+    layers = [yaml.safe_load((ROOT / f).read_text()) for f in ["config/paper.yaml", *files[1:]]]
+    if files == ["config/paper_v3.yaml"]:
+        layers.append(yaml.safe_load((ROOT / files[0]).read_text()))
+    want = {}
+    for layer in layers:
+        want = _merge(want, layer)
+    want.pop("overlays", None)
+    want["outdir"], want["mlflow"] = got["outdir"], {**want["mlflow"], "enabled": False}
+    assert got == want
+    assert set(got["eval"]["tasks"]) == PAPER_BENCHMARKS
+    assert got["source"]["kind"] == "hub" and got["source"]["repo_id"] == "ByteDance/Ouro-1.4B-Thinking"
+    assert "pretrain" not in got["source"] and "task" not in got["source"]
+
+
+def test_the_default_applies_only_without_configfiles(tmp_path):
+    got = _resolve(tmp_path, "config/smoke.yaml")  # an overlay of the default: pulls it in
+    assert got["name"] == "smoke" and got["source"]["kind"] == "pretrain" and "recipes" in got
+    r = smk("-n", "--configfile", "config/paper.yaml", "--config", "outdir=/nonexistent/x", "--quiet", "rules")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "task_data" not in r.stdout  # the embedded task's data rule is not in the paper plan

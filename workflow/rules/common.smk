@@ -92,7 +92,7 @@ FIGURES = ["figure1_pareto", "training_curves", "gate_values", "memory_sweeps"]
 
 def report_outputs():
     return (expand(f"{OUT}/tables/{{t}}.{{ext}}", t=TABLES, ext=["md", "tex", "csv"])
-            + expand(f"{OUT}/figures/{{f}}.png", f=FIGURES) + [f"{OUT}/claims.md"])
+            + expand(f"{OUT}/figures/{{f}}.png", f=FIGURES) + [f"{OUT}/claims.md", f"{OUT}/config.resolved.yaml"])
 
 
 def mlflow_spec(stage, **tags):
@@ -126,3 +126,17 @@ def init_tracking():
         from melt_core.tracking import ensure_store
 
         ensure_store(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
+
+
+localrules:
+    resolved_config,
+
+
+rule resolved_config:
+    """The config this run resolved to after layering: the record of what ran, and what tests check."""
+    output:
+        f"{OUT}/config.resolved.yaml",
+    params:
+        config=config,
+    run:
+        Path(output[0]).write_text(yaml.safe_dump(params.config, sort_keys=False))
