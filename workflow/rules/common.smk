@@ -127,16 +127,3 @@ def init_tracking():
 
         ensure_store(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
 
-
-localrules:
-    resolved_config,
-
-
-rule resolved_config:
-    """The config this run resolved to after layering: the record of what ran, and what tests check."""
-    output:
-        f"{OUT}/config.resolved.yaml",
-    params:
-        config=config,
-    run:
-        Path(output[0]).write_text(yaml.safe_dump(params.config, sort_keys=False))

@@ -99,3 +99,22 @@ for _name in TABLES + FIGURES:
         input:
             (expand(f"{OUT}/tables/{_name}.{{ext}}", ext=["md", "tex", "csv"]) if _name in TABLES
              else [f"{OUT}/figures/{_name}.png"]),
+
+
+localrules:
+    resolved_config,
+
+
+rule resolved_config:
+    """The config this run resolved to after layering: the record of what ran, and what tests check."""
+    output:
+        f"{OUT}/config.resolved.yaml",
+    params:
+        config=config,
+        mlflow=mlflow_spec("report"),
+    log:
+        f"{OUT}/logs/resolved_config.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/resolved_config.py"
