@@ -188,14 +188,15 @@ def _atomic_dir(dest: Path):
 
 
 def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None = None,
-                    write_extra=None) -> Path:
+                    write_extra=None, state: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``config.json`` + ``model.safetensors`` atomically (hub layout).
 
     ``write_extra(tmp_dir)`` may add files (a tokenizer, a report) before the rename.
+    ``state``: the full state dict when ``model``'s own holds shards (FSDP gathers it first).
     """
     path = Path(path)
     cfg = model.config.to_dict()
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {k: v.detach().contiguous().cpu() for k, v in (state or model.state_dict()).items()}
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     cfg["torch_dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")

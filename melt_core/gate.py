@@ -62,8 +62,8 @@ class LatentGate(nn.Module):
                 return (1 - self.ema_z) * a
             # h_0 = 0: U_z h_0 vanishes and so does z * h_0 (saves a matmul per layer at loop 1)
             return (1 - torch.sigmoid(self.input_proj(a))) * a
-        z = self.retain(a, h_prev)
-        return torch.lerp(a, h_prev, z)  # z * h_prev + (1 - z) * a
+        z = self.retain(a, h_prev)  # bf16 under autocast, while a and h_prev stay float32
+        return torch.lerp(a, h_prev, z.to(a.dtype))  # z * h_prev + (1 - z) * a
 
 
 @torch.no_grad()

@@ -166,17 +166,21 @@ class LoopBlock(nn.Module):
         return self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
 
 
-@dataclass
 class LoopStep:
-    """What the layers of one chunk share while it runs through the loops."""
+    """What the layers of one chunk share while it runs through the loops.
 
-    cache: KVCache
-    cos: Tensor
-    sin: Tensor
-    alpha: float
-    memory: list[Tensor | None]  # per layer: the chunk's latent memory h (MELT)
-    attn_outputs: list[Tensor] | None = None  # o^(l,t) in order t*N + l, when collected
-    checkpoint_mlp: bool = False
+    A plain class on purpose: the layers write into it (``memory``, ``attn_outputs``), and FSDP
+    rebuilds dataclass arguments of a sharded module's forward, so writes would land in a copy.
+    """
+
+    __slots__ = ("cache", "cos", "sin", "alpha", "memory", "attn_outputs", "checkpoint_mlp")
+
+    def __init__(self, cache: KVCache, cos: Tensor, sin: Tensor, alpha: float, memory: list[Tensor | None],
+                 attn_outputs: list[Tensor] | None = None, checkpoint_mlp: bool = False):
+        self.cache, self.cos, self.sin, self.alpha = cache, cos, sin, alpha
+        self.memory = memory  # per layer: the chunk's latent memory h (MELT)
+        self.attn_outputs = attn_outputs  # o^(l,t) in order t*N + l, when collected
+        self.checkpoint_mlp = checkpoint_mlp
 
 
 @dataclass

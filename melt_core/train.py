@@ -91,7 +91,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     device: str = "auto"  # auto | cpu | cuda
-    autocast_bf16: bool = False  # bf16 autocast on GPU
+    autocast_bf16: bool = False  # bf16 autocast (GPU, or CPU for rehearsals)
     activation_checkpointing: bool = False  # recompute each layer's MLP half in backward
     sharding: str = "ddp"  # ddp (replicate) | fsdp (shard student + optimizer over ranks)
     log_every: int = 1
@@ -219,11 +219,37 @@ def _checkpoints(out_dir: Path) -> list[Path]:
     return sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1])) if root.is_dir() else []
 
 
-def _save_checkpoint(out_dir: Path, step: int, student, optimizer, cfg: TrainConfig, keep: int) -> Path:
+def _state_options(d: Dist, **kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # across ranks: full (unsharded) tensors on the CPU of rank 0; alone: the model's own tensors
+    return StateDictOptions(full_state_dict=d.world > 1, cpu_offload=d.world > 1, **kw)
+
+
+def full_model_state(student, d: Dist) -> dict:
+    """The model's full state dict (FSDP shards gathered; a collective call on every rank)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(student, options=_state_options(d))
+
+
+def full_optimizer_state(student, optimizer, d: Dist) -> dict:
+    """The optimizer's full state, keyed by parameter name (so DDP and FSDP runs resume each other)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(student, optimizer, options=_state_options(d))
+
+
+def _save_checkpoint(out_dir: Path, step: int, student, optimizer, cfg: TrainConfig, keep: int, d: Dist) -> Path:
+    """Every rank calls this (gathering is collective); rank 0 writes."""
+    model_state, optim_state = full_model_state(student, d), full_optimizer_state(student, optimizer, d)
     dest = out_dir / "checkpoints" / f"step-{step:07d}"
+    if not d.main:
+        return dest
     extra = {"train_config_hash": config_hash(_resume_key(cfg)), "train_step": step}
-    ck.save_pretrained(student, dest, extra_config=extra, write_extra=ck.side_file_copier(cfg.student))
-    state = {"step": step, "optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+    ck.save_pretrained(student, dest, extra_config=extra, write_extra=ck.side_file_copier(cfg.student),
+                       state=model_state)
+    state = {"step": step, "optimizer": optim_state, "torch_rng": torch.get_rng_state(),
              "python_rng": random.getstate()}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
@@ -310,23 +336,26 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
     teacher = ck.load_pretrained(cfg.teacher, dtype=torch.float32, device=device).eval()
     teacher.requires_grad_(False)
     student.checkpoint_mlp = cfg.activation_checkpointing
+    if cfg.sharding == "fsdp" and d.world > 1:  # before the optimizer: fully_shard swaps the parameters
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in student.model.layers:
+            fully_shard(layer)
+        fully_shard(student)
     optimizer = build_optimizer(student, cfg)
     start = 0
     if resume is not None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
         state = torch.load(resume / STATE, map_location="cpu", weights_only=True)
-        optimizer.load_state_dict(state["optimizer"])
+        # strict=False: parameters that never receive a gradient (the exit gate) have no Adam state
+        set_optimizer_state_dict(student, optimizer, state["optimizer"], options=_state_options(d, strict=False))
         torch.set_rng_state(state["torch_rng"])
         random.setstate(_as_tuple(state["python_rng"]))
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         start = state["step"]
         print(f"resuming from step {start} ({resume})", flush=True)
-    if cfg.sharding == "fsdp" and d.world > 1:
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in student.model.layers:
-            fully_shard(layer)
-        fully_shard(student)
 
     logger = logger or (make_logger(cfg.mlflow, cfg.run_name, {"stage": "train"}) if d.main else NullLogger())
     if d.main:
@@ -336,8 +365,8 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
     metrics_path = out_dir / "metrics.jsonl"
     bar = tqdm(range(start, cfg.total_steps), initial=start, total=cfg.total_steps, desc=cfg.run_name,
                disable=not (cfg.progress and d.main), dynamic_ncols=True)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (cfg.autocast_bf16 and device.type == "cuda") \
-        else torch.autocast("cpu", enabled=False)
+    # bf16 autocast on any device (CPU too, so the cluster's code path can be rehearsed without a GPU)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
     grad_scale = d.world if (cfg.sharding == "fsdp" and d.world > 1) else 1  # FSDP averages; we want sums
     for step in bar:
         phase, in_phase = cfg.phase_at(step)
@@ -363,6 +392,8 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         if cfg.sharding == "ddp":
             _all_reduce_grads(student, d)
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip or float("inf"))
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the ranks
+            grad_norm = grad_norm.full_tensor()
         optimizer.step()
         totals = _all_reduce_sum(totals, d)
         elapsed = time.perf_counter() - t0
@@ -376,15 +407,16 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
                 logger.log_metrics({k: v for k, v in row.items() if k != "phase"}, step=step + 1)
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps and d.main:
-            _save_checkpoint(out_dir, step + 1, student, optimizer, cfg, cfg.keep_checkpoints)
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps:
+            _save_checkpoint(out_dir, step + 1, student, optimizer, cfg, cfg.keep_checkpoints, d)
         if _STEP_DELAY:
             time.sleep(_STEP_DELAY)
         if d.world > 1:
             dist.barrier()
     final = out_dir / "final"
+    model_state = full_model_state(student, d) if d.world > 1 else None
     if d.main:
-        ck.save_pretrained(student, final, write_extra=ck.side_file_copier(cfg.student),
+        ck.save_pretrained(student, final, write_extra=ck.side_file_copier(cfg.student), state=model_state,
                            extra_config={"trained_steps": cfg.total_steps,
                                          "train_config_hash": config_hash(_resume_key(cfg))})
         logger.log_artifact(out_dir / "train_config.json")

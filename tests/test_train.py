@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,24 +85,87 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_two_gloo_processes_equal_one(setup, tmp_path):
-    one = train(cfg_for(setup, "one_proc", checkpoint_every=100))
-    cfg = cfg_for(setup, "two_proc", checkpoint_every=100)
-    cfg_file = tmp_path / "cfg.json"
+def start_ranks(cfg: dict, cfg_file: Path, world: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
+    """``world`` gloo processes of melt_core.train on one config, as torchrun/submitit would start them."""
     cfg_file.write_text(json.dumps(cfg))
     port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "melt_core.train", str(cfg_file)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return [subprocess.Popen([sys.executable, "-m", "melt_core.train", str(cfg_file)],
+                             env={**os.environ, **(env or {}), "WORLD_SIZE": str(world), "RANK": str(rank),
+                                  "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                  "OMP_NUM_THREADS": "1"},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world)]
+
+
+def run_ranks(cfg: dict, cfg_file: Path, world: int = 2) -> Path:
+    procs = start_ranks(cfg, cfg_file, world)
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
-    two = setup[0] / "two_proc" / "final"
+    return Path(cfg["out_dir"]) / "final"
+
+
+def test_two_gloo_processes_equal_one(setup, tmp_path):
+    one = train(cfg_for(setup, "one_proc", checkpoint_every=100))
+    two = run_ranks(cfg_for(setup, "two_proc", checkpoint_every=100), tmp_path / "cfg.json")
     assert_same_losses(read_metrics(setup[0] / "one_proc"), read_metrics(setup[0] / "two_proc"))
     assert_same_weights(weights(one), weights(two))
+
+
+def test_fsdp_equals_ddp_equals_one_process(setup, tmp_path):
+    """FSDP2 (fully_shard per layer and at the root) on 2 gloo ranks, through a checkpoint save
+    (a gather of the shards) mid-run, ends where 2-rank DDP and the single process end, within
+    the tolerance of assert_same_weights (reduction order differs: reduce-scatter vs all-reduce)."""
+    one = train(cfg_for(setup, "fsdp_ref", checkpoint_every=2))
+    ddp = run_ranks(cfg_for(setup, "ddp2", checkpoint_every=2), tmp_path / "ddp.json")
+    fsdp = run_ranks(cfg_for(setup, "fsdp2", checkpoint_every=2, sharding="fsdp"), tmp_path / "fsdp.json")
+    ref = weights(one)
+    assert_same_weights(ref, weights(ddp))
+    assert_same_weights(ref, weights(fsdp))
+    assert_same_losses(read_metrics(setup[0] / "fsdp_ref"), read_metrics(setup[0] / "fsdp2"))
+    assert (setup[0] / "fsdp2" / "checkpoints" / "step-0000004" / "trainer_state.pt").is_file()
+    moved = max(float((weights(fsdp)[k] - v).abs().max()) for k, v in weights(setup[2]).items())
+    assert moved > 1e-3, "training changed nothing: the optimizer did not see the sharded parameters"
+
+
+def test_fsdp_run_killed_midway_resumes(setup, tmp_path):
+    """Both ranks SIGKILLed after the step-4 checkpoint; a new 2-rank FSDP launch resumes from it
+    (weights and name-keyed optimizer state) and ends bitwise where an uninterrupted FSDP run ends
+    (same kernels, same thread count, same shards)."""
+    steps = [{"name": "phase1", "steps": 4, "alpha_start": 0.0, "alpha_end": 1.0},
+             {"name": "phase2", "steps": 4, "align_beta": 0.1}]
+    ref = run_ranks(cfg_for(setup, "fsdp_whole", phases=steps, sharding="fsdp"), tmp_path / "whole.json")
+    cfg = cfg_for(setup, "fsdp_killed", phases=steps, sharding="fsdp")
+    ck4 = setup[0] / "fsdp_killed" / "checkpoints" / "step-0000004" / "trainer_state.pt"
+    procs = start_ranks(cfg, tmp_path / "killed.json", env={"MELT_TRAIN_STEP_DELAY": "0.5"})
+    deadline = time.time() + 120
+    while not ck4.exists() and time.time() < deadline and all(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        p.kill()
+        p.wait()
+    assert ck4.exists() and not (setup[0] / "fsdp_killed" / "final").exists(), "the kill came too late"
+    resumed = run_ranks(cfg, tmp_path / "resume.json")
+    assert read_metrics(setup[0] / "fsdp_killed")[-1]["step"] == 8
+    a, b = weights(ref), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_autocast_fsdp_trains_on_cpu(setup, tmp_path):
+    """The cluster's code path (FSDP + bf16 autocast) runs on CPU/gloo: finite losses, a float32
+    checkpoint, and weights within what 6 Adam steps can move of the float32 run's (bf16 only rounds
+    the gradients). Adam's step is bounded by lr * max(1, (1 - beta1) / sqrt(1 - beta2)) (Kingma & Ba,
+    sec. 2.1): 1.41 lr at betas (0.9, 0.95); twice that covers two runs moving apart."""
+    fp32 = train(cfg_for(setup, "fp32_ref", checkpoint_every=100))
+    bf16 = run_ranks(cfg_for(setup, "fsdp_bf16", checkpoint_every=100, sharding="fsdp", autocast_bf16=True),
+                     tmp_path / "bf16.json")
+    assert all(math.isfinite(r["loss"]) for r in read_metrics(setup[0] / "fsdp_bf16"))
+    a, b = weights(fp32), weights(bf16)
+    assert all(v.dtype == torch.float32 for v in b.values())
+    step_bound = max(1.0, 0.1 / math.sqrt(0.05))
+    for k in a:
+        lr = 1e-2 if ".gate." in k else 1e-3  # lr_gate, lr_model of train_config
+        assert float((a[k] - b[k]).abs().max()) <= 2 * 6 * lr * step_bound, k
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # autocast really ran in bf16
 
 
 def test_killed_run_resumes_bitwise(setup, tmp_path):
