@@ -28,9 +28,10 @@ SUBMITIT_KEYS = {
     "cpus_per_task": "cpus_per_task", "timeout_min": "timeout_min", "mem_gb": "mem_gb",
     "partition": "slurm_partition", "account": "slurm_account", "qos": "slurm_qos",
     "constraint": "slurm_constraint", "signal_delay_s": "slurm_signal_delay_s",
-    "max_num_timeout": "slurm_max_num_timeout", "additional_parameters": "slurm_additional_parameters",
-    "setup": "slurm_setup",
+    "additional_parameters": "slurm_additional_parameters", "setup": "slurm_setup",
 }
+# launcher keys that configure the executor itself (its constructor), not the job
+EXECUTOR_KEYS = {"max_num_timeout": "slurm_max_num_timeout"}
 
 
 class TrainJob(submitit.helpers.Checkpointable):
@@ -44,6 +45,20 @@ class TrainJob(submitit.helpers.Checkpointable):
         return str(train(cfg))
 
 
+def build_executor(backend: str, launcher: dict[str, Any], folder: Path) -> submitit.AutoExecutor:
+    """A submitit executor for ``launcher``'s fields; submitit validates them here, before any job."""
+    unknown = sorted(set(launcher) - set(SUBMITIT_KEYS) - set(EXECUTOR_KEYS) - {"name"})
+    if unknown:
+        raise ConfigError(f"launcher: unknown field(s) {unknown}; known: {sorted({**SUBMITIT_KEYS, **EXECUTOR_KEYS})}")
+    ctor = {EXECUTOR_KEYS[k]: launcher[k] for k in EXECUTOR_KEYS if launcher.get(k) is not None and backend == "slurm"}
+    executor = submitit.AutoExecutor(folder=folder, cluster="local" if backend == "local" else "slurm", **ctor)
+    params = {SUBMITIT_KEYS[k]: v for k, v in launcher.items() if k in SUBMITIT_KEYS and v is not None}
+    if backend == "local":  # the local executor knows only these
+        params = {k: v for k, v in params.items() if k in ("tasks_per_node", "gpus_per_node", "timeout_min")}
+    executor.update_parameters(name=launcher.get("name", "melt-train"), **params)
+    return executor
+
+
 def launch(cfg: dict[str, Any], launcher: dict[str, Any] | None = None) -> Path:
     """Train under ``launcher`` ({backend, folder, nodes, tasks_per_node, ...}); returns final/."""
     launcher = dict(launcher or {})
@@ -53,14 +68,7 @@ def launch(cfg: dict[str, Any], launcher: dict[str, Any] | None = None) -> Path:
     if backend == "inprocess":
         return Path(train(cfg))
     folder = Path(launcher.pop("folder", Path(cfg["out_dir"]) / "submitit"))
-    unknown = sorted(set(launcher) - set(SUBMITIT_KEYS) - {"name"})
-    if unknown:
-        raise ConfigError(f"launcher: unknown field(s) {unknown}; known: {sorted(SUBMITIT_KEYS)}")
-    executor = submitit.AutoExecutor(folder=folder, cluster="local" if backend == "local" else "slurm")
-    params = {SUBMITIT_KEYS[k]: v for k, v in launcher.items() if k in SUBMITIT_KEYS and v is not None}
-    if backend == "local":  # the local executor knows only these
-        params = {k: v for k, v in params.items() if k in ("tasks_per_node", "gpus_per_node", "timeout_min")}
-    executor.update_parameters(name=launcher.get("name", "melt-train"), **params)
+    executor = build_executor(backend, launcher, folder)
     job = executor.submit(TrainJob(), cfg)
     print(f"submitted training job {job.job_id} (logs: {folder})", flush=True)
     results = job.results()  # waits; raises if any task failed, after submitit's requeues

@@ -9,7 +9,8 @@
   definition with another dataset: ``hf_repo``/``hf_subset``/``split``, plus ``columns`` to
   rename the dataset's fields into the ones the prompt function reads. ``data_dir`` points at a
   local copy instead of the hub (a folder of ``<split>.jsonl``/``.parquet`` in the dataset's
-  own columns); ``select: {n, seed, id_field}`` fixes a subset (HLE's 300 questions).
+  own columns; a benchmark of several subsets keeps one subfolder per subset);
+  ``select: {n, seed, id_field}`` fixes a subset (HLE's 300 questions).
   Module ``melt`` holds the definitions we add (HumanEval+: melt_core.code_tasks).
 * **local JSONL tasks** (the embedded suite, or any benchmark exported to chat records): a spec
   ``{name, data_dir, split, answer_style, ...}``; scored with melt_core's answer extraction.
@@ -208,6 +209,21 @@ class RenamedColumns:
         return self.prompt_function({**line, **{dst: line[src] for src, dst in self.columns.items()}}, task_name)
 
 
+class JoinedGolds:
+    """A prompt function whose gold answers may be lists (OlympiadBench's ``final_answer`` is a list
+    of strings, and lighteval's prompt passes it on as one choice, which its string scorers cannot
+    read): a list becomes the comma-joined string the task's instruction asks the model to write."""
+
+    def __init__(self, prompt_function):
+        self.prompt_function = prompt_function
+
+    def __call__(self, line: dict, task_name: str | None = None):
+        doc = self.prompt_function(line, task_name)
+        if doc is not None and any(isinstance(c, (list, tuple)) for c in doc.choices):
+            doc.choices = [", ".join(map(str, c)) if isinstance(c, (list, tuple)) else c for c in doc.choices]
+        return doc
+
+
 class InIds:
     """A dataset filter keeping rows whose ``id_field`` is in a fixed set."""
 
@@ -263,16 +279,19 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
     configs = []
     for base in found:
         name = spec["name"] if len(found) == 1 else f"{spec['name']}:{base.name}"
-        prompt_fn = base.prompt_function
+        prompt_fn = JoinedGolds(base.prompt_function)
         if spec.get("columns"):
             prompt_fn = RenamedColumns(prompt_fn, spec["columns"])
         repo, subset, revision = base.hf_repo, base.hf_subset, base.hf_revision
         if spec.get("hf_repo"):
             repo, subset, revision = spec["hf_repo"], spec.get("hf_subset", "default"), spec.get("hf_revision")
         if spec.get("data_dir"):
-            if not Path(spec["data_dir"]).is_dir():
-                raise DataError(f"{where}: data_dir {spec['data_dir']} does not exist")
-            repo, subset, revision = str(spec["data_dir"]), "default", None
+            root = Path(spec["data_dir"])
+            if not root.is_dir():
+                raise DataError(f"{where}: data_dir {root} does not exist")
+            # a benchmark of several subsets (MMLU-Redux's subjects) keeps one folder per subset
+            local = root / base.hf_subset if base.hf_subset and (root / base.hf_subset).is_dir() else root
+            repo, subset, revision = str(local), "default", None
         split = spec.get("split") or base.evaluation_splits[0]
         fn = _scorer(base, spec.get("metric"), where)
         scoring = fn.compute_score if isinstance(fn, SamplingMetric) else fn.compute

@@ -1,13 +1,18 @@
 """Protects the launcher: the same train() runs through submitit's local executor as a real
 job (a separate process, with its own job folder) and ends with the same weights as in-process."""
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
 from melt_core.config import ConfigError
-from melt_core.launch import launch
+from melt_core.launch import build_executor, launch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_submitit_local_equals_inprocess(tmp_path):
@@ -26,3 +31,18 @@ def test_unknown_launcher_fields(tmp_path):
         launch({"out_dir": str(tmp_path)}, {"backend": "k8s"})
     with pytest.raises(ConfigError, match=r"unknown field\(s\) \['gpus'\]"):
         launch({"out_dir": str(tmp_path)}, {"backend": "local", "gpus": 8})
+
+
+@pytest.mark.parametrize("config", ["paper.yaml", "rehearsal.yaml"])
+def test_the_configs_launchers_are_valid_submitit_slurm_parameters(tmp_path, config):
+    """Every launcher field of the paper config maps onto a parameter submitit's SLURM executor
+    takes (the paper's `max_num_timeout` is an executor argument, and was once passed as a job
+    parameter, failing every paper training job at submission)."""
+    launcher = dict(yaml.safe_load((ROOT / "config" / config).read_text())["launcher"])
+    if config != "paper.yaml":
+        base = dict(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["launcher"])
+        launcher = {**base, **launcher}
+    backend = launcher.pop("backend")
+    executor = build_executor(backend, launcher, tmp_path)
+    assert executor._executor.max_num_timeout == launcher["max_num_timeout"]
+    assert executor._executor.parameters["ntasks_per_node"] == launcher["tasks_per_node"]

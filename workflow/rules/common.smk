@@ -120,6 +120,11 @@ def teacher_inputs():
     return {}
 
 
+def train_records():
+    """The JSONL training reads: the paper's mixture (rule train_data) or the embedded task's split."""
+    return f"{OUT}/data/sft_mixture.jsonl" if "train_data" in config else teacher_inputs()["train"]
+
+
 def init_tracking():
     """Create the MLflow store once, before jobs that log to it start in parallel."""
     if config["mlflow"].get("enabled", True):

@@ -28,6 +28,8 @@ rule teacher:
         source=config["source"],
         mlflow=mlflow_spec("source"),
     threads: 2
+    # a hub download runs where snakemake runs (the login node, with internet); pretraining is compute
+    localrule: config["source"]["kind"] != "pretrain"
     log:
         f"{OUT}/logs/teacher.log",
     benchmark:
@@ -38,10 +40,30 @@ rule teacher:
         "../scripts/teacher.py"
 
 
-# Downloads run where snakemake runs (a login node with internet), not on compute nodes.
+# Downloads run where snakemake runs (a login node with internet), not on compute nodes; every
+# other job runs with HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 (workflow/scripts/common.py).
 localrules:
     dense_baseline,
     benchmark_data,
+    train_data,
+
+
+rule train_data:
+    """The paper's SFT mixture (config train_data), fetched, sampled and normalised to chat records
+    on the login node, so training jobs read one local JSONL and never the hub."""
+    output:
+        records=f"{OUT}/data/sft_mixture.jsonl",
+        manifest=f"{OUT}/data/sft_mixture.json",
+    params:
+        train_data=config.get("train_data"),
+        seed=config["train"]["seed"],
+        mlflow=mlflow_spec("data"),
+    log:
+        f"{OUT}/logs/train_data.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/train_data.py"
 
 
 rule dense_baseline:

@@ -7,7 +7,7 @@ rule train:
     input:
         student=f"{OUT}/checkpoints/melt-init-{{gate}}",
         teacher=teacher_dir(),
-        data=lambda wc: teacher_inputs().get("train", []),
+        data=lambda wc: train_records(),
     output:
         directory(f"{OUT}/runs/{{gate}}__{{recipe}}/final"),
     params:

@@ -23,7 +23,7 @@ with rule_context(snakemake, "source") as log:
         print(f"teacher greedy exact-match on held-out: {report['exact_match']:.3f}")
     elif kind in ("hub", "local"):
         fetch(out, repo_id=source.get("repo_id"), revision=source.get("revision"),
-              local_dir=source.get("local_dir"), sha256s=source.get("sha256"))
+              local_dir=source.get("local_dir"), sha256s=source.get("sha256"), cache_dir=source.get("cache_dir"))
         log.log_params({k: v for k, v in source.items() if k != "sha256"})
     else:
         raise ValueError(f"source.kind {kind!r} unknown; use pretrain, hub or local")

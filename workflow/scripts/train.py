@@ -18,8 +18,7 @@ base = dict(sm.params.train)
 template = base.pop("template")
 seq_len = base.pop("seq_len")
 loss_on = base.pop("loss_on")
-sources = cfg["train_data"]["sources"] if "train_data" in cfg else [
-    {"kind": "jsonl", "path": sm.input.data, "schema": "chat"}]
+sources = [{"kind": "jsonl", "path": sm.input.data, "schema": "chat"}]  # rule train_data's or task_data's
 train_cfg = {
     **base,
     "student": sm.input.student,
@@ -28,8 +27,7 @@ train_cfg = {
     "run_name": f"train:{gate}__{recipe_name}",
     "progress": True,
     "data": {"sources": sources, "tokenizer": cfg.get("train_data", {}).get("tokenizer", sm.input.teacher),
-             "template": template, "seq_len": seq_len, "loss_on": loss_on,
-             "total": cfg.get("train_data", {}).get("total")},
+             "template": template, "seq_len": seq_len, "loss_on": loss_on},
     "phases": [{"name": p, **sm.params.phases[p]} for p in recipe.pop("phases")],
     **recipe,  # the recipe's switches: kd_loops, chunk_size
 }

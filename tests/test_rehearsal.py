@@ -1,0 +1,79 @@
+"""Protects the rehearsal of the paper configuration (config/rehearsal.yaml): its fixtures are
+built deterministically and match the pins in the overlay; the overlay changes only sizes and
+where bytes come from; jobs other than the login-node downloads run offline."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "workflow"))
+import rehearsal  # noqa: E402
+
+
+def _load(name):
+    return yaml.safe_load((ROOT / "config" / name).read_text())
+
+
+def test_fixtures_are_deterministic_and_pinned(tmp_path):
+    """Built twice, the published files hash the same, and equal the overlay's pinned revisions and
+    sha256 manifests (rebuild and paste the printed pins after changing workflow/rehearsal.py)."""
+    pins = rehearsal.build(tmp_path / "a")
+    assert rehearsal.build(tmp_path / "b") == pins
+    over = _load("rehearsal.yaml")
+    dense = over["dense_baselines"]["qwen3-1.7b"]
+    for got, want in ((pins["source"], over["source"]), (pins["dense"], dense)):
+        assert {k: want[k] for k in ("repo_id", "revision", "sha256")} == got
+    snapshot = tmp_path / "a" / "hub" / "models--melt-rehearsal--Ouro-tiny-Thinking" / "snapshots"
+    assert (snapshot / pins["source"]["revision"] / "model.safetensors").is_symlink()  # the hub's layout
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+# what a rehearsal may change: sizes, and where bytes come from (and its own name and outputs)
+ALLOWED = [r"overlays", r"name", r"outdir", r"mlflow\..*",
+           r"source\.(repo_id|revision|cache_dir|sha256\..*)",
+           r"dense_baselines\..+\.(repo_id|revision|cache_dir|sha256\..*)",
+           r"train_data\.(sources|total)",
+           r"train\.(chunk_size|seq_len|batch_size|micro_batch_size|checkpoint_every)",
+           r"phases\.[^.]+\.steps",
+           r"launcher\.(tasks_per_node|gpus_per_node|cpus_per_task|timeout_min|mem_gb)",
+           r"eval\.batch_size", r"eval\.tasks\.[^.]+\.(data_dir|samples|ks|max_new_tokens|select\.n)",
+           r"profile\.(shapes|kv_tokens|speed_shape|real_shape_speed_context|speed_contexts|loops_sweep"
+           r"|window_sweep)"]
+
+
+def test_rehearsal_changes_only_sizes_and_sources():
+    paper, over = _flat(_load("paper.yaml")), _flat(_load("rehearsal.yaml"))
+    changed = [k for k in over if k not in paper or paper[k] != over[k]]
+    bad = [k for k in changed if not any(re.fullmatch(p, k) for p in ALLOWED)]
+    assert not bad, f"the rehearsal overlay changes more than sizes and sources: {bad}"
+    assert "eval.tasks.hle.select.n" in changed and "train.chunk_size" in changed  # the check sees changes
+    for src in _load("rehearsal.yaml")["train_data"]["sources"]:  # same kinds and schemas as the paper's
+        assert src["kind"] == "hub" and src["schema"] in ("acereason", "openthoughts")
+
+
+def test_compute_jobs_are_offline_and_downloads_are_not():
+    """workflow/scripts/common.py, imported first by every rule script, makes the Hugging Face
+    libraries offline for every rule but the login-node downloads."""
+    code = ("import __main__, types; __main__.snakemake = types.SimpleNamespace(rule={rule!r});"
+            "import sys; sys.path.insert(0, 'workflow/scripts'); import common;"
+            "import huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    for rule, offline in (("eval", "True"), ("train", "True"), ("teacher", "False"), ("train_data", "False")):
+        r = subprocess.run([sys.executable, "-c", code.format(rule=rule)], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == offline, (rule, r.stdout, r.stderr[-500:])
