@@ -88,11 +88,28 @@ def _kind(spec: ModelSpec) -> str:
         raise CheckpointError(f"model {spec.name!r}: {err}") from None
 
 
-def load_model(spec: ModelSpec, device: str = "cpu"):
+def resolve_device(device: str = "auto") -> str:
+    """``auto``: the GPU where the job has one, else the CPU; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("eval.device is cuda but this job sees no GPU: request one from the scheduler "
+                          "(the slurm profile's gres for rule eval) or set eval.device: cpu")
+    return device
+
+
+def resolve_dtype(dtype: str | None, device: str) -> torch.dtype | None:
+    """``auto``: bfloat16 on a GPU (the paper's inference precision), float32 on the CPU."""
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype | None = None):
     """An Ouro/MELT checkpoint, or a dense transformers one (the baselines), by its config.json."""
     if _kind(spec) == "melt":
-        return load_pretrained(spec.path, device=device)
-    return DenseLM.from_pretrained(spec.path, device)
+        return load_pretrained(spec.path, dtype=dtype, device=device)
+    return DenseLM.from_pretrained(spec.path, device, dtype)
 
 
 def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:

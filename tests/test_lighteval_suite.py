@@ -250,3 +250,20 @@ def test_humaneval_plus_runs_the_tests(wide, monkeypatch):
     with pytest.raises(melt_core.ConfigError, match="runs the model's code.*allow_code_execution: true"):
         evaluate_lighteval(ModelSpec("ouro", str(ouro)), TaskSpec(name="humaneval", lighteval="melt/humaneval_plus",
                                                                   data_dir=str(data)), root / "x.json")
+
+
+def test_list_golds_reach_the_scorer_as_strings(tmp_path):
+    """OlympiadBench's hub schema has `final_answer` as a list of strings, which lighteval's prompt
+    passes on as one choice and its string scorers cannot read: the gold becomes the joined string."""
+    from melt_core.lighteval_tasks import builtin_task_configs
+
+    rows = [{"id": 0, "question": "Compute 2 + 3.", "final_answer": ["$5$"], "is_multiple_answer": False,
+             "unit": None, "answer_type": "Numerical", "subject": "Math", "language": "English"},
+            {"id": 1, "question": "Roots of x^2 = 1?", "final_answer": ["$1$", "$-1$"], "is_multiple_answer": True,
+             "unit": None, "answer_type": "Numerical", "subject": "Math", "language": "English"}]
+    folder = write_jsonl(tmp_path / "ob", "train", rows)
+    config = builtin_task_configs({"name": "olympiadbench", "data_dir": str(folder),
+                                   "lighteval": "olympiade_bench/olympiad_bench:OE_TO_maths_en_COMP"})[0]
+    docs = [config.prompt_function(r, config.name) for r in rows]
+    assert [d.choices for d in docs] == [["$5$"], ["$1$, $-1$"]]
+    assert "International Math competition" in docs[0].query  # lighteval's own prompt

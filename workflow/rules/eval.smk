@@ -12,6 +12,11 @@ rule eval:
         tasks=config["eval"]["tasks"],  # as params: a changed setting reruns the eval
         prefill_chunk=config["eval"].get("prefill_chunk"),
         backend=config["eval"].get("backend", "lighteval"),
+        device=config["eval"].get("device", "auto"),
+        dtype=config["eval"].get("dtype", "auto"),
+        seed=config["eval"].get("seed", 0),
+        batch_size=config["eval"].get("batch_size", 64),
+        template=config["train"]["template"],
         mlflow=lambda wc: mlflow_spec("eval", model=wc.model),
     threads: 1
     log:

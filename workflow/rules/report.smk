@@ -18,6 +18,7 @@ rule gather:
     params:
         runs=RUNS,
         main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
+        mlflow=mlflow_spec("report"),
     log:
         f"{OUT}/logs/gather.log",
     conda:
@@ -37,6 +38,7 @@ rule table:
         table=_one_of(TABLES),
     params:
         paper="workflow/resources/paper_values.yaml",
+        mlflow=lambda wc: mlflow_spec("report", table=wc.table),
     log:
         f"{OUT}/logs/table-{{table}}.log",
     conda:
@@ -54,6 +56,7 @@ rule figure:
         figure=_one_of(FIGURES),
     params:
         paper="workflow/resources/paper_values.yaml",
+        mlflow=lambda wc: mlflow_spec("report", figure=wc.figure),
     log:
         f"{OUT}/logs/figure-{{figure}}.log",
     conda:

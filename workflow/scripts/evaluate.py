@@ -13,11 +13,18 @@ from pathlib import Path
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval, load_model
+from melt_core.evaluate import (
+    ModelSpec,
+    TaskSpec,
+    evaluate,
+    evaluate_lighteval,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
 
 sm = snakemake
 model_id = sm.wildcards.model
-ev = sm.config["eval"]
 spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk)
 if model_id.startswith("ouro-"):
     mode = model_id.removeprefix("ouro-")
@@ -25,17 +32,20 @@ if model_id.startswith("ouro-"):
 run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
 
 with rule_context(sm, "eval") as log:
+    device = resolve_device(sm.params.device)
+    dtype = resolve_dtype(sm.params.dtype, device)
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
-                    "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend})
-    model = load_model(spec)  # once for all the tasks
+                    "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend, "device": device,
+                    "dtype": str(dtype).removeprefix("torch.")})
+    model = load_model(spec, device, dtype)  # once for all the tasks
     for out in sm.output:
         task_name = Path(out).stem
         task_cfg = dict(sm.params.tasks[task_name])
         if "lighteval" not in task_cfg:  # a local JSONL: given, or the embedded task's split
             split = task_cfg.pop("split", "test")
             task_cfg.setdefault("path", str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl"))
-        task = TaskSpec(name=task_name, template=sm.config["train"]["template"], **task_cfg)
+        task = TaskSpec(name=task_name, template=sm.params.template, **task_cfg)
         log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
-        result = run(spec, task, out, seed=ev.get("seed", 0), batch_size=ev.get("batch_size", 64), logger=log,
-                     model=model)
+        result = run(spec, task, out, seed=sm.params.seed, batch_size=sm.params.batch_size, logger=log,
+                     model=model, device=device)
         print(task_name, result["metrics"])

@@ -1,0 +1,78 @@
+"""After the rehearsal DAG (config/rehearsal.yaml) ran: check it is the paper's DAG and that it
+produced what a paper run must produce. Exit 1 with every problem listed.
+
+    python .ci/check_rehearsal.py CONFIGFILE...   (the --configfile list the rehearsal ran with)
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+problems = []
+
+
+def plan(*configfiles: str) -> dict[str, int]:
+    """Rule -> job count of the whole DAG for these config files (dry run, everything forced)."""
+    r = subprocess.run([sys.executable, "-m", "snakemake", "all", "-n", "--forceall", "--quiet", "rules",
+                        "--configfile", *configfiles], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if r.returncode:
+        sys.exit(f"dry run failed for {configfiles}:\n{r.stdout}\n{r.stderr}")
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", r.stdout, re.M))
+    return {k: int(v) for k, v in counts.items() if k != "total"}
+
+
+files = sys.argv[1:]
+outdirs = [yaml.safe_load((ROOT / f).read_text()).get("outdir") for f in files]
+out = ROOT / [o for o in outdirs if o][-1]
+cfg = yaml.safe_load((out / "config.resolved.yaml").read_text())  # what the rehearsal ran with
+paper, rehearsal = plan("config/paper.yaml"), plan(*files)
+if set(paper) != set(rehearsal):
+    problems.append(f"rules differ from the paper DAG: {sorted(set(paper) ^ set(rehearsal))}")
+for rule, n in paper.items():  # the same jobs, except the profiled shapes the rehearsal trims
+    if rule != "profile_memory" and rehearsal.get(rule) != n:
+        problems.append(f"rule {rule}: {rehearsal.get(rule)} jobs in the rehearsal, {n} in the paper DAG")
+left = subprocess.run([sys.executable, "-m", "snakemake", "all", "-n", "--configfile", *files], cwd=ROOT,
+                      capture_output=True, text=True, timeout=600)
+if "Nothing to be done" not in left.stdout + left.stderr:
+    problems.append("the rehearsal DAG left jobs undone:\n" + left.stdout[-2000:])
+
+columns = list(cfg["report"]["columns"])
+table = pd.read_csv(out / "tables" / "table1_main.csv").set_index("benchmark")
+ours = [c for c in table.columns if c.endswith(" ours")]
+for col in columns:  # one row per paper benchmark, every model's "ours" cell a number
+    if col not in table.index:
+        problems.append(f"table1_main.csv has no row for benchmark {col}")
+    elif pd.to_numeric(table.loc[col, ours], errors="coerce").isna().any():
+        problems.append(f"table1_main.csv: benchmark {col} lacks a number in {ours}")
+for name in ["claims.md", *(f"figures/{f}.png" for f in ("figure1_pareto", "training_curves", "gate_values",
+                                                         "memory_sweeps"))]:
+    if not (out / name).is_file() or (out / name).stat().st_size == 0:
+        problems.append(f"{out / name} missing or empty")
+
+import mlflow  # noqa: E402
+
+client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+exp = client.get_experiment_by_name(cfg["mlflow"]["experiment"])
+runs = client.search_runs([exp.experiment_id], max_results=5000) if exp else []
+logged = {r.data.tags.get("rule") for r in runs}
+missing = sorted(r for r in rehearsal if r not in logged and r not in ("all",))
+if missing:
+    problems.append(f"MLflow holds no run for rule(s) {missing}")
+latest = {}
+for r in sorted(runs, key=lambda r: r.info.start_time):  # a retried job: its last run counts
+    latest[r.info.run_name] = r.info.status
+unfinished = sorted(name for name, status in latest.items() if status != "FINISHED")
+if unfinished:
+    problems.append(f"MLflow runs whose last attempt did not finish: {unfinished[:5]}")
+
+print(f"rehearsal: {sum(rehearsal.values())} jobs over {len(rehearsal)} rules (paper DAG: {sum(paper.values())}); "
+      f"{len(runs)} MLflow runs; table1 columns {columns}")
+if problems:
+    print("REHEARSAL CHECK FAILED:\n- " + "\n- ".join(problems))
+    sys.exit(1)
+print("rehearsal check passed")
