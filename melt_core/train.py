@@ -10,9 +10,10 @@ frozen. Each step:
     loss   = KD (KL teacher_t || student_t, averaged over loops)  + beta * alignment
 
 Phases run back to back, each with an alpha schedule (Phase 1: 0 -> 1, the interpolated
-transition) and an alignment weight beta (Phase 2: 0.1). The paper's ablations are switches:
-``kd_loops: final``, ``chunk_size: null`` (fully parallel), ``alpha 1 -> 1`` (no interpolation),
-one phase only (no alignment).
+transition) and an alignment weight beta (Phase 2: 0.1); a run can also be one phase that
+continues from the run of the phases before it (``init_from``, the workflow's phase rules).
+The paper's ablations are switches: ``kd_loops: final``, ``chunk_size: null`` (fully
+parallel), ``alpha 1 -> 1`` (no interpolation), one phase only (no alignment).
 
 Checkpoints (every ``checkpoint_every`` steps, written then renamed) hold the student,
 optimizer, step, RNG states; the data position is a function of the step. A restarted run
@@ -98,6 +99,13 @@ class TrainConfig:
     progress: bool = True
     mlflow: dict[str, Any] | None = None  # {experiment, tracking_uri, tags, parent_run_id}
     run_name: str = "train"
+    # Phase by phase: ``phases`` lists the whole path so far and ``init_from`` is the final checkpoint
+    # of the run that trained all but the last of them (weights + trainer state); only the last
+    # phase's steps run here. ``handoff``: what continues from it. ``continue`` (default, the paper's
+    # single run): optimizer state, step counter (so data order and LR schedule position), RNG;
+    # ``fresh_optimizer``: the same but a new AdamW state.
+    init_from: str | None = None
+    handoff: str = "continue"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
@@ -148,6 +156,8 @@ class TrainConfig:
         need(self.data.loss_on in ("assistant", "all"), "data.loss_on",
              f"must be 'assistant' or 'all', got {self.data.loss_on!r}")
         need(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+        need(self.handoff in ("continue", "fresh_optimizer"), "handoff",
+             f"must be 'continue' or 'fresh_optimizer', got {self.handoff!r}")
 
     def validate_models(self, student: ModelConfig, teacher: ModelConfig) -> None:
         """Checks that need the checkpoints' configs; run before any compute."""
@@ -240,25 +250,51 @@ def full_optimizer_state(student, optimizer, d: Dist) -> dict:
     return get_optimizer_state_dict(student, optimizer, options=_state_options(d))
 
 
-def _save_checkpoint(out_dir: Path, step: int, student, optimizer, cfg: TrainConfig, keep: int, d: Dist) -> Path:
-    """Every rank calls this (gathering is collective); rank 0 writes."""
+def _save_checkpoint(dest: Path, step: int, student, optimizer, cfg: TrainConfig, d: Dist,
+                     extra: dict | None = None) -> Path:
+    """Student weights + trainer state (optimizer, step, RNG) in one directory that appears whole.
+    Every rank calls this (gathering FSDP shards is collective); rank 0 writes."""
     model_state, optim_state = full_model_state(student, d), full_optimizer_state(student, optimizer, d)
-    dest = out_dir / "checkpoints" / f"step-{step:07d}"
     if not d.main:
         return dest
-    extra = {"train_config_hash": config_hash(_resume_key(cfg)), "train_step": step}
-    ck.save_pretrained(student, dest, extra_config=extra, write_extra=ck.side_file_copier(cfg.student),
-                       state=model_state)
     state = {"step": step, "optimizer": optim_state, "torch_rng": torch.get_rng_state(),
              "python_rng": random.getstate()}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
-    tmp = dest / (STATE + ".tmp")
-    torch.save(state, tmp)
-    tmp.replace(dest / STATE)  # the state file appears last: its presence marks the checkpoint complete
+    copy_side_files = ck.side_file_copier(cfg.student)
+
+    def write_extra(tmp: Path) -> None:
+        copy_side_files(tmp)
+        torch.save(state, tmp / STATE)  # its presence marks the checkpoint complete
+
+    info = {"train_config_hash": config_hash(_resume_key(cfg)), "train_step": step,
+            "phases": [dataclasses.asdict(p) for p in cfg.phases], **(extra or {})}
+    ck.save_pretrained(student, dest, extra_config=info, write_extra=write_extra, state=model_state)
+    return dest
+
+
+def _prune_checkpoints(out_dir: Path, keep: int) -> None:
     for old in _checkpoints(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    return dest
+
+
+def phase_handoff(cfg: TrainConfig) -> Path:
+    """``init_from``, checked to hold exactly the earlier phases of ``cfg.phases``, trained to the end."""
+    src = Path(cfg.init_from)
+    if not (src / STATE).is_file() or not (src / "config.json").is_file():
+        raise ConfigError(f"train config field `init_from`: {src} is not a finished training run's checkpoint "
+                          f"(config.json and {STATE} expected)")
+    saved = json.loads((src / "config.json").read_text())
+    done = saved.get("phases") or []
+    ours = [dataclasses.asdict(p) for p in cfg.phases]
+    if not done or len(done) >= len(ours) or ours[:len(done)] != done:
+        raise ConfigError(f"train config field `init_from`: {src} trained phases {[p['name'] for p in done]} "
+                          f"with other settings than the start of this run's {[p['name'] for p in ours]}; "
+                          "retrain the earlier phase (its settings changed) or fix the phase list")
+    if saved.get("train_step") != sum(p["steps"] for p in done):
+        raise ConfigError(f"train config field `init_from`: {src} stopped at step {saved.get('train_step')}, "
+                          f"before the end of its phases")
+    return src
 
 
 def _resume_key(cfg: TrainConfig) -> dict:
@@ -331,8 +367,9 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
-    resume = latest_checkpoint(out_dir, cfg)
-    student = ck.load_pretrained(resume or cfg.student, dtype=torch.float32, device=device).train()
+    resume = latest_checkpoint(out_dir, cfg)  # this run's own, interrupted
+    handoff = phase_handoff(cfg) if resume is None and cfg.init_from else None  # the previous phase's end
+    student = ck.load_pretrained(resume or handoff or cfg.student, dtype=torch.float32, device=device).train()
     teacher = ck.load_pretrained(cfg.teacher, dtype=torch.float32, device=device).eval()
     teacher.requires_grad_(False)
     student.checkpoint_mlp = cfg.activation_checkpointing
@@ -344,18 +381,21 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         fully_shard(student)
     optimizer = build_optimizer(student, cfg)
     start = 0
-    if resume is not None:
+    if resume is not None or handoff is not None:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        state = torch.load(resume / STATE, map_location="cpu", weights_only=True)
-        # strict=False: parameters that never receive a gradient (the exit gate) have no Adam state
-        set_optimizer_state_dict(student, optimizer, state["optimizer"], options=_state_options(d, strict=False))
+        state = torch.load((resume or handoff) / STATE, map_location="cpu", weights_only=True)
+        if resume is not None or cfg.handoff == "continue":
+            # strict=False: parameters that never receive a gradient (the exit gate) have no Adam state
+            set_optimizer_state_dict(student, optimizer, state["optimizer"],
+                                     options=_state_options(d, strict=False))
         torch.set_rng_state(state["torch_rng"])
         random.setstate(_as_tuple(state["python_rng"]))
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         start = state["step"]
-        print(f"resuming from step {start} ({resume})", flush=True)
+        what = "resuming" if resume is not None else f"continuing ({cfg.handoff}) after the earlier phases"
+        print(f"{what} from step {start} ({resume or handoff})", flush=True)
 
     logger = logger or (make_logger(cfg.mlflow, cfg.run_name, {"stage": "train"}) if d.main else NullLogger())
     if d.main:
@@ -363,6 +403,10 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         (out_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         logger.log_params({**cfg.to_dict(), "resumed_from_step": start})
     metrics_path = out_dir / "metrics.jsonl"
+    if d.main:  # rows of this run up to where it starts: none when fresh, a resume's rows kept, not doubled
+        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
+            if resume is not None and metrics_path.is_file() else []
+        metrics_path.write_text("".join(line + "\n" for line in kept))
     bar = tqdm(range(start, cfg.total_steps), initial=start, total=cfg.total_steps, desc=cfg.run_name,
                disable=not (cfg.progress and d.main), dynamic_ncols=True)
     # bf16 autocast on any device (CPU too, so the cluster's code path can be rehearsed without a GPU)
@@ -408,17 +452,17 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
                     fh.write(json.dumps(row) + "\n")
                 logger.log_metrics({k: v for k, v in row.items() if k != "phase"}, step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps:
-            _save_checkpoint(out_dir, step + 1, student, optimizer, cfg, cfg.keep_checkpoints, d)
+            _save_checkpoint(out_dir / "checkpoints" / f"step-{step + 1:07d}", step + 1, student, optimizer, cfg, d)
+            if d.main:
+                _prune_checkpoints(out_dir, cfg.keep_checkpoints)
         if _STEP_DELAY:
             time.sleep(_STEP_DELAY)
         if d.world > 1:
             dist.barrier()
-    final = out_dir / "final"
-    model_state = full_model_state(student, d) if d.world > 1 else None
+    # the final checkpoint keeps the trainer state too, so a later phase can continue from it
+    final = _save_checkpoint(out_dir / "final", cfg.total_steps, student, optimizer, cfg, d,
+                             extra={"trained_steps": cfg.total_steps})
     if d.main:
-        ck.save_pretrained(student, final, write_extra=ck.side_file_copier(cfg.student), state=model_state,
-                           extra_config={"trained_steps": cfg.total_steps,
-                                         "train_config_hash": config_hash(_resume_key(cfg))})
         logger.log_artifact(out_dir / "train_config.json")
         logger.log_artifact(metrics_path)
         logger.set_tags({"final_checkpoint": str(final.resolve())})

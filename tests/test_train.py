@@ -190,9 +190,29 @@ def test_killed_run_resumes_bitwise(setup, tmp_path):
     assert ck4.exists() and not (setup[0] / "interrupted" / "final").exists(), "the kill came too late"
     resumed = train(cfg)
     rows = read_metrics(setup[0] / "interrupted")
-    assert rows[-1]["step"] == 8
+    assert [r["step"] for r in rows] == list(range(1, 9))  # the resumed steps logged once, not twice
     a, b = weights(ref), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_phase_by_phase_equals_one_run(setup):
+    """Phase 2 as its own run, continuing from Phase 1's final checkpoint (weights, optimizer state,
+    step, RNG), ends bitwise where one run over both phases ends (same process, same kernels)."""
+    both = train(cfg_for(setup, "both_phases", checkpoint_every=100))
+    p1, p2 = cfg_for(setup, "x")["phases"]
+    first = train(cfg_for(setup, "p1_only", phases=[p1], checkpoint_every=100))
+    second = train(cfg_for(setup, "p2_after", phases=[p1, p2], init_from=str(first), checkpoint_every=100))
+    a, b = weights(both), weights(second)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["step"] for r in read_metrics(setup[0] / "p2_after")] == [4, 5, 6]  # its own steps only
+    untimed = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
+    assert untimed(read_metrics(setup[0] / "both_phases")[3:]) == untimed(read_metrics(setup[0] / "p2_after"))
+    fresh = train(cfg_for(setup, "p2_fresh", phases=[p1, p2], init_from=str(first), checkpoint_every=100,
+                          handoff="fresh_optimizer"))
+    assert any(not torch.equal(a[k], weights(fresh)[k]) for k in a)  # the handoff choice matters
+    changed = [dict(p1, alpha_end=0.5), p2]
+    with pytest.raises(ConfigError, match=r"init_from.*trained phases \['phase1'\] with other settings"):
+        train(cfg_for(setup, "p2_stale", phases=changed, init_from=str(first)))
 
 
 def test_checkpoint_from_a_different_config_is_refused(setup):
