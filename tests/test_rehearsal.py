@@ -72,7 +72,8 @@ def test_compute_jobs_are_offline_and_downloads_are_not():
             "import sys; sys.path.insert(0, 'workflow/scripts'); import common;"
             "import huggingface_hub.constants as c; print(c.HF_HUB_OFFLINE)")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    for rule, offline in (("eval", "True"), ("train", "True"), ("teacher", "False"), ("train_data", "False")):
+    for rule, offline in (("eval", "True"), ("phase", "True"), ("pretrain_teacher", "True"), ("download", "False"),
+                          ("train_data", "False"), ("benchmark_data", "False")):
         r = subprocess.run([sys.executable, "-c", code.format(rule=rule)], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr

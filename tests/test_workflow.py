@@ -4,6 +4,7 @@ stage run against a real MLflow server shows up there with its tags, params and 
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -50,12 +51,14 @@ def test_bad_config_fails_before_any_job(tmp_path, mutate, message):
 def test_paper_config_plans_through_the_slurm_profile():
     r = smk("--profile", "profiles/slurm", "-n", "all", "--quiet", "rules")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "train" in r.stdout and "eval" in r.stdout
-    # the paper suite: benchmark data and the dense baseline are fetched before the evals
-    assert "benchmark_data" in r.stdout and "dense_baseline" in r.stdout
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", r.stdout, re.M))
+    # the stages as rules: download -> convert -> phase (one job per phase) -> eval
+    assert {"download", "convert", "phase", "eval", "benchmark_data", "train_data"} <= set(counts)
+    assert "pretrain_teacher" not in counts and "task_data" not in counts
+    assert counts["download"] == "2"  # the Ouro teacher and the dense Qwen3 baseline
     r = smk("--profile", "profiles/slurm", "-n", "results/paper/eval/dense-qwen3-1.7b/aime24.json")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "rule dense_baseline:" in r.stdout and "rule benchmark_data:" in r.stdout
+    assert "rule download:" in r.stdout and "rule benchmark_data:" in r.stdout
 
 
 def _free_port():
@@ -151,3 +154,67 @@ def test_the_default_applies_only_without_configfiles(tmp_path):
     r = smk("-n", "--configfile", "config/paper.yaml", "--config", "outdir=/nonexistent/x", "--quiet", "rules")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "task_data" not in r.stdout  # the embedded task's data rule is not in the paper plan
+
+
+def _planned_jobs(r):
+    """(rule, wildcards) of every job in a dry run's plan."""
+    jobs, rule = [], None
+    for line in r.stdout.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):", line)
+        if m:
+            rule = m.group(1)
+        m = re.match(r"^\s+wildcards: (.*)$", line)
+        if m and rule:
+            jobs.append((rule, m.group(1)))
+            rule = None
+    return jobs
+
+
+def test_phases_are_rules_and_a_changed_phase_reruns_only_itself(tmp_path):
+    """Phase 1 and Phase 2 are separate jobs; the no_align run is Phase 1 of the full run (trained
+    once); changing Phase 2's beta replans only Phase 2, changing Phase 1 replans both."""
+    cfg = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
+    cfg.update(outdir=str(tmp_path / "out"), mlflow={"enabled": False}, overlays=str(ROOT / "config/default.yaml"))
+    cfg["phases"] = {k: dict(v, steps=1) for k, v in cfg["phases"].items()}
+    cfg["source"]["pretrain"].update(steps=2, warmup_steps=1)
+    cfg["source"]["task"].update(n_train=64)
+    files = []
+    for name, over in (("base", {}), ("beta", {"phase2": {"align_beta": 0.3}}),
+                       ("alpha", {"phase1": {"alpha_end": 0.5}})):
+        c = yaml.safe_load(yaml.safe_dump(cfg))
+        for phase, settings in over.items():
+            c["phases"][phase].update(settings)
+        files.append(tmp_path / f"{name}.yaml")
+        files[-1].write_text(yaml.safe_dump(c))
+    full, no_align = (str(tmp_path / "out/runs/elementwise/phase1/phase2/final"),
+                      str(tmp_path / "out/runs/elementwise/phase1/final"))
+    plan = smk("-n", full, no_align, "--configfile", str(files[0]))
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    phases = [w for rule, w in _planned_jobs(plan) if rule == "phase"]
+    assert sorted(phases) == ["gate=elementwise, path=phase1", "gate=elementwise, path=phase1/phase2"]
+    r = smk(full, no_align, "--cores", "2", "--configfile", str(files[0]), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    beta = _planned_jobs(smk("-n", full, no_align, "--configfile", str(files[1])))
+    assert beta == [("phase", "gate=elementwise, path=phase1/phase2")]
+    alpha = _planned_jobs(smk("-n", full, no_align, "--configfile", str(files[2])))
+    assert sorted(w for _, w in alpha) == ["gate=elementwise, path=phase1", "gate=elementwise, path=phase1/phase2"]
+
+
+@pytest.mark.parametrize("configfile,before,after", [("config/default.yaml", 1150, 1050),
+                                                      ("config/paper.yaml", 4800, 4300)])
+def test_shared_phases_train_once(configfile, before, after):
+    """Steps the DAG trains: per (gate, recipe) run before phases were rules, per phase node now."""
+    cfg = yaml.safe_load((ROOT / configfile).read_text())
+    runs = {(cfg["main_run"]["gate"], cfg["main_run"]["recipe"])}
+    runs |= {(g, cfg["ablations"]["gate_recipe"]) for g in cfg["ablations"]["gates"]}
+    runs |= {(cfg["main_run"]["gate"], r) for r in cfg["ablations"]["recipes"]}
+    steps = lambda recipe: [cfg["phases"][p]["steps"] for p in cfg["recipes"][recipe]["phases"]]  # noqa: E731
+    assert sum(sum(steps(r)) for _, r in runs) == before
+    plan = smk("-n", "all", "--configfile", configfile, "--config", "outdir=/nonexistent/plan")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    trained = 0
+    for rule, wildcards in _planned_jobs(plan):
+        if rule == "phase":
+            path = wildcards.split("path=")[1]
+            trained += cfg["phases"][path.split("/")[-1].split("+")[0]]["steps"]
+    assert trained == after

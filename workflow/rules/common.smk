@@ -1,5 +1,6 @@
 # Helpers shared by the rules: config validation, the list of runs and models, output paths.
 import re
+from pathlib import PurePosixPath
 
 from snakemake.utils import validate
 
@@ -14,6 +15,10 @@ TASKS = list(config["eval"]["tasks"])
 # benchmarks scored with lighteval's own task definitions: their data is fetched first
 LIGHTEVAL_TASKS = {t: spec for t, spec in config["eval"]["tasks"].items() if "lighteval" in spec}
 DENSE = config.get("dense_baselines") or {}  # name -> {repo_id, revision, sha256}: e.g. Qwen3-1.7B
+# checkpoints that the download rule fetches (the teacher unless pretrained here; the dense baselines)
+DOWNLOADS = {f"dense-{d}": {"kind": "hub", **spec} for d, spec in DENSE.items()}
+if config["source"]["kind"] != "pretrain":
+    DOWNLOADS["ouro"] = config["source"]
 SHAPES = config["profile"]["shapes"]
 
 
@@ -24,6 +29,9 @@ def _check_names():
            if r not in config["recipes"]]
     if bad:
         raise ValueError(f"config: unknown recipe name(s) {bad}; defined recipes are {RECIPES}")
+    bad = [p for p in config["phases"] if not re.fullmatch(r"[A-Za-z0-9_]+", p)]
+    if bad:
+        raise ValueError(f"config: phase name(s) {bad} may hold only letters, digits and _ (they name folders)")
     for name, recipe in config["recipes"].items():
         missing = [p for p in recipe["phases"] if p not in config["phases"]]
         if missing:
@@ -43,6 +51,68 @@ def training_runs():
 
 
 RUNS = [f"{g}__{r}" for g, r in training_runs()]
+MAIN_RUN = f"{config['main_run']['gate']}__{config['main_run']['recipe']}"
+GATE_RUNS = [f"{g}__{config['ablations']['gate_recipe']}" for g in GATES]  # Table 3
+RECIPE_RUNS = [f"{config['main_run']['gate']}__{r}" for r in config["ablations"]["recipes"]]  # Table 4
+
+
+def _segment(phase, recipe):
+    """A phase as a node of a run's path: its name, plus the recipe's switches (kd_loops, chunk_size),
+    which change what the phase trains, e.g. ``phase1_no_interp+kd_loops-final``."""
+    switches = "".join(f"+{k}-{str(v).lower()}" for k, v in sorted(recipe.items()) if k != "phases")
+    return f"{phase}{switches}"
+
+
+def _segments():
+    """Every path segment of the config's recipes -> (phase name, recipe switches)."""
+    return {_segment(phase, recipe): (phase, {k: v for k, v in recipe.items() if k != "phases"})
+            for recipe in config["recipes"].values() for phase in recipe["phases"]}
+
+
+SEGMENTS = _segments()
+
+
+def recipe_path(recipe):
+    """A recipe as the path of phases its run trains, e.g. ``phase1/phase2``; recipes with a common
+    prefix (full = phase1/phase2, no_align = phase1) share those phases' outputs."""
+    spec = config["recipes"][recipe]
+    return str(PurePosixPath(*(_segment(p, spec) for p in spec["phases"])))
+
+
+def run_dir(run):
+    """The directory of a (gate, recipe) run ``gate__recipe``: its last phase's."""
+    gate, recipe = run.split("__")
+    return f"{OUT}/runs/{gate}/{recipe_path(recipe)}"
+
+
+def path_prefixes(path):
+    parts = PurePosixPath(path).parts
+    return [str(PurePosixPath(*parts[:i])) for i in range(1, len(parts) + 1)]
+
+
+def last_phase(path):
+    """The segment of ``path`` a phase job trains, and its (phase name, switches)."""
+    return SEGMENTS[PurePosixPath(path).name]
+
+
+PHASE_PATHS = sorted({p for _, r in training_runs() for p in path_prefixes(recipe_path(r))})
+
+
+def phase_start(gate, path):
+    """What a phase starts from: the converted model, or the previous phase's final checkpoint."""
+    parent = PurePosixPath(path).parent
+    return f"{OUT}/runs/{gate}/{parent}/final" if parent.parts else f"{OUT}/checkpoints/melt-init-{gate}"
+
+
+def path_phases(path):
+    """The phases along ``path`` with their settings, in order (the last is the one a job trains)."""
+    return [{"name": SEGMENTS[s][0], **config["phases"][SEGMENTS[s][0]]} for s in PurePosixPath(path).parts]
+
+
+def phase_steps():
+    """Training steps the DAG runs: every phase node once (shared prefixes once)."""
+    nodes = {(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))}
+    return sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
 MODELS = (["ouro", "melt-untrained"] + [f"ouro-{s}" for s in SHARING] + [f"melt-{r}" for r in RUNS]
           + [f"dense-{d}" for d in DENSE])
 
@@ -55,6 +125,7 @@ wildcard_constraints:
     gate=_one_of(GATES),
     recipe=_one_of(RECIPES),
     run=_one_of(RUNS),
+    path=_one_of(PHASE_PATHS),
     model=_one_of(MODELS),
     dense=_one_of(DENSE) if DENSE else "(?!)",
     task=_one_of(TASKS),
@@ -73,7 +144,7 @@ def model_checkpoint(model):
         return f"{OUT}/checkpoints/{model}"
     if model == "melt-untrained":
         return f"{OUT}/checkpoints/melt-init-{config['main_run']['gate']}"
-    return f"{OUT}/runs/{model.removeprefix('melt-')}/final"
+    return f"{run_dir(model.removeprefix('melt-'))}/final"
 
 
 def eval_outputs():

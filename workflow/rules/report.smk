@@ -6,7 +6,7 @@ rule gather:
     input:
         evals=eval_outputs(),
         profiles=profile_outputs(),
-        runs=expand(f"{OUT}/runs/{{run}}/final", run=RUNS),
+        runs=[f"{run_dir(r)}/final" for r in RUNS],
     output:
         evals=f"{OUT}/summary/evals.csv",
         memory=f"{OUT}/summary/memory.csv",
@@ -16,7 +16,10 @@ rule gather:
         gates=f"{OUT}/summary/gate_values.csv",
         sweeps=f"{OUT}/summary/sweeps.json",
     params:
-        runs=RUNS,
+        # each (gate, recipe) run: its final checkpoint, and the run dirs of its phases in order
+        runs={r: {"final": f"{run_dir(r)}/final",
+                  "phases": [f"{OUT}/runs/{r.split('__')[0]}/{p}" for p in path_prefixes(recipe_path(r.split("__")[1]))]}
+              for r in RUNS},
         main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
         mlflow=mlflow_spec("report"),
     log:

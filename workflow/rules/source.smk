@@ -1,6 +1,6 @@
-# Stage 1: the Ouro teacher. Embedded default: make the synthetic task and pretrain a tiny
-# Ouro-architecture teacher on it. Paper config: download the hub snapshot at a pinned
-# revision and verify its checksums, or verify a local directory instead.
+# Stage 1: the Ouro teacher and the data. Embedded default: make the synthetic task and pretrain a
+# tiny Ouro-architecture teacher on it (pretrain_teacher). Paper config: download the hub snapshot
+# at a pinned revision and verify its checksums, or verify a local directory instead (download).
 
 
 rule task_data:
@@ -19,31 +19,32 @@ rule task_data:
         "../scripts/task_data.py"
 
 
-rule teacher:
-    input:
-        unpack(lambda wc: teacher_inputs()),
-    output:
-        directory(f"{OUT}/checkpoints/ouro"),
-    params:
-        source=config["source"],
-        mlflow=mlflow_spec("source"),
-    threads: 2
-    # a hub download runs where snakemake runs (the login node, with internet); pretraining is compute
-    localrule: config["source"]["kind"] != "pretrain"
-    log:
-        f"{OUT}/logs/teacher.log",
-    benchmark:
-        f"{OUT}/benchmarks/teacher.tsv"
-    conda:
-        "../../envs/melt.yaml"
-    script:
-        "../scripts/teacher.py"
+if config["source"]["kind"] == "pretrain":
+
+    rule pretrain_teacher:
+        """The embedded default's teacher: a tiny Ouro-architecture LoopLM pretrained on the synthetic task."""
+        input:
+            unpack(lambda wc: teacher_inputs()),
+        output:
+            directory(teacher_dir()),
+        params:
+            pretrain=config["source"].get("pretrain"),
+            mlflow=mlflow_spec("source"),
+        threads: 2
+        log:
+            f"{OUT}/logs/pretrain_teacher.log",
+        benchmark:
+            f"{OUT}/benchmarks/pretrain_teacher.tsv"
+        conda:
+            "../../envs/melt.yaml"
+        script:
+            "../scripts/pretrain_teacher.py"
 
 
 # Downloads run where snakemake runs (a login node with internet), not on compute nodes; every
 # other job runs with HF_HUB_OFFLINE=1 and HF_DATASETS_OFFLINE=1 (workflow/scripts/common.py).
 localrules:
-    dense_baseline,
+    download,
     benchmark_data,
     train_data,
 
@@ -66,18 +67,22 @@ rule train_data:
         "../scripts/train_data.py"
 
 
-rule dense_baseline:
+rule download:
+    """A hub checkpoint at its pinned revision, checked against its sha256 manifest: the Ouro teacher
+    (source.kind hub, or a verified local directory) and the dense baselines (Qwen3-1.7B)."""
     output:
-        directory(f"{OUT}/checkpoints/dense-{{dense}}"),
+        directory(f"{OUT}/checkpoints/{{name}}"),
+    wildcard_constraints:
+        name=_one_of(DOWNLOADS) if DOWNLOADS else "(?!)",
     params:
-        source=lambda wc: {"kind": "hub", **DENSE[wc.dense]},
-        mlflow=lambda wc: mlflow_spec("source", model=f"dense-{wc.dense}"),
+        source=lambda wc: DOWNLOADS[wc.name],
+        mlflow=lambda wc: mlflow_spec("source", model=wc.name),
     log:
-        f"{OUT}/logs/dense-{{dense}}.log",
+        f"{OUT}/logs/download-{{name}}.log",
     conda:
         "../../envs/melt.yaml"
     script:
-        "../scripts/teacher.py"
+        "../scripts/download.py"
 
 
 rule benchmark_data:

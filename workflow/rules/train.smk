@@ -1,32 +1,34 @@
-# Stage 3 + 5: chunk-wise training. One generic rule trains any (gate, recipe) run; the gate
-# (Table 3) and recipe (Table 4) ablations are the runs listed by training_runs().
-# On SLURM the rule runs locally and submits one submitit job (see profiles/slurm).
+# Stage 3 + 5: chunk-wise training, one job per phase. A recipe is a path of phases
+# (recipe_path: e.g. phase1/phase2); each phase continues from the previous phase's final
+# checkpoint (weights, optimizer state, step: train.handoff), the first from the converted model.
+# Runs whose recipes share a prefix share those phases' outputs: the element-wise gate's
+# no_align run IS Phase 1 of its full run. A changed phase setting reruns that phase and what
+# follows it, nothing upstream. On SLURM a phase job runs on the submit node and submits one
+# submitit job (multi-GPU, checkpoint-and-requeue) that it waits for.
 
 
-rule train:
+rule phase:
+    """Train one phase of a (gate, recipe path), continuing from the phase before it."""
     input:
-        student=f"{OUT}/checkpoints/melt-init-{{gate}}",
+        start=lambda wc: phase_start(wc.gate, wc.path),
         teacher=teacher_dir(),
         data=lambda wc: train_records(),
     output:
-        directory(f"{OUT}/runs/{{gate}}__{{recipe}}/final"),
+        directory(f"{OUT}/runs/{{gate}}/{{path}}/final"),
     params:
-        run_dir=f"{OUT}/runs/{{gate}}__{{recipe}}",
-        # everything that shapes the run, so a changed setting retrains it
+        run_dir=f"{OUT}/runs/{{gate}}/{{path}}",
+        # everything that shapes this phase (and, upstream, the phases before it)
         train=config["train"],
-        recipe=lambda wc: config["recipes"][wc.recipe],
-        phases=lambda wc: {p: config["phases"][p] for p in config["recipes"][wc.recipe]["phases"]},
+        phases=lambda wc: path_phases(wc.path),
+        switches=lambda wc: last_phase(wc.path)[1],
         launcher=config["launcher"],
-        mlflow=lambda wc: mlflow_spec("train", gate=wc.gate, recipe=wc.recipe,
-                                      ablation=f"{wc.gate}__{wc.recipe}"),
+        mlflow=lambda wc: mlflow_spec("train", gate=wc.gate, phase=last_phase(wc.path)[0], path=wc.path),
     threads: 2
-    # With the slurm launcher the rule itself stays on the submit node: it submits one submitit
-    # job (multi-GPU, checkpoint-and-requeue) and waits for it.
     localrule: config["launcher"]["backend"] == "slurm"
     log:
-        f"{OUT}/logs/train-{{gate}}__{{recipe}}.log",
+        f"{OUT}/logs/phase-{{gate}}/{{path}}.log",
     benchmark:
-        f"{OUT}/benchmarks/train-{{gate}}__{{recipe}}.tsv"
+        f"{OUT}/benchmarks/phase-{{gate}}/{{path}}.tsv"
     conda:
         "../../envs/melt.yaml"
     script:
@@ -35,15 +37,14 @@ rule train:
 
 rule main_run:
     input:
-        f"{OUT}/runs/{config['main_run']['gate']}__{config['main_run']['recipe']}/final",
+        f"{run_dir(MAIN_RUN)}/final",
 
 
 rule gate_ablation:
     input:
-        expand(f"{OUT}/runs/{{gate}}__{config['ablations']['gate_recipe']}/final", gate=GATES),
+        [f"{run_dir(r)}/final" for r in GATE_RUNS],
 
 
 rule recipe_ablation:
     input:
-        expand(f"{OUT}/runs/{config['main_run']['gate']}__{{recipe}}/final",
-               recipe=config["ablations"]["recipes"]),
+        [f"{run_dir(r)}/final" for r in RECIPE_RUNS],

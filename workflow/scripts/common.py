@@ -12,7 +12,7 @@ import __main__
 # Only the login-node rules may reach the hub; every other job is offline before any Hugging Face
 # library is imported (they read these variables at import), so a compute job that reaches for the
 # network fails at once instead of downloading behind the cluster's back.
-LOGIN_NODE_RULES = {"teacher", "dense_baseline", "benchmark_data", "train_data"}
+LOGIN_NODE_RULES = {"download", "benchmark_data", "train_data"}
 _rule = getattr(getattr(__main__, "snakemake", None), "rule", None)
 if _rule is not None and _rule not in LOGIN_NODE_RULES:
     for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):

@@ -44,10 +44,11 @@ with rule_context(sm, "report", run_name="gather"):
     pd.DataFrame(read_json(profile_dir / "train_throughput.json")).to_csv(sm.output.train_throughput, index=False)
     shutil.copy(profile_dir / "sweeps.json", sm.output.sweeps)
 
-    curves = []
-    for run in sm.params.runs:
-        for line in (OUT / "runs" / run / "metrics.jsonl").read_text().splitlines():
-            curves.append({"run": run, **json.loads(line)})
+    curves = []  # each run's curve stitched from its phases' jobs (a shared phase appears in every run)
+    for run, where in sm.params.runs.items():
+        for phase_dir in where["phases"]:
+            for line in (Path(phase_dir) / "metrics.jsonl").read_text().splitlines():
+                curves.append({"run": run, **json.loads(line)})
     pd.DataFrame(curves).to_csv(sm.output.curves, index=False)
 
     # Learned gate values: mean z per (layer, loop) over held-out prompts, for every trained run
@@ -55,7 +56,7 @@ with rule_context(sm, "report", run_name="gather"):
     test = read_jsonl(OUT / "data" / "test.jsonl", limit=16) if (OUT / "data" / "test.jsonl").exists() else None
     gate_rows = []
     if test is not None:
-        candidates = [(run, OUT / "runs" / run / "final") for run in sm.params.runs]
+        candidates = [(run, Path(where["final"])) for run, where in sm.params.runs.items()]
         candidates.append(("untrained", OUT / "checkpoints" / f"melt-init-{sm.config['main_run']['gate']}"))
         for run, path in candidates:
             model = load_pretrained(path)

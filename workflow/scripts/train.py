@@ -1,5 +1,7 @@
-"""Rule train: resolve one (gate, recipe) run into a TrainConfig and launch it (in-process,
-submitit local, or one submitit SLURM job that this rule waits for)."""
+"""Rule phase: one phase of a (gate, recipe path) run, resolved into a TrainConfig and launched
+(in-process, submitit local, or one submitit SLURM job that this rule waits for). The phase
+continues from the previous phase's final checkpoint (``init_from``), the first from the
+converted model."""
 
 import json
 import sys
@@ -11,29 +13,28 @@ from common import rule_context
 from melt_core.launch import launch
 
 sm = snakemake
-cfg = sm.config
-gate, recipe_name = sm.wildcards.gate, sm.wildcards.recipe
-recipe = dict(sm.params.recipe)
+gate, path = sm.wildcards.gate, sm.wildcards.path
 base = dict(sm.params.train)
 template = base.pop("template")
 seq_len = base.pop("seq_len")
 loss_on = base.pop("loss_on")
-sources = [{"kind": "jsonl", "path": sm.input.data, "schema": "chat"}]  # rule train_data's or task_data's
+first = "/" not in path
 train_cfg = {
     **base,
-    "student": sm.input.student,
+    "student": sm.input.start,
+    "init_from": None if first else sm.input.start,
     "teacher": sm.input.teacher,
     "out_dir": sm.params.run_dir,
-    "run_name": f"train:{gate}__{recipe_name}",
+    "run_name": f"phase {gate}/{path}",
     "progress": True,
-    "data": {"sources": sources, "tokenizer": cfg.get("train_data", {}).get("tokenizer", sm.input.teacher),
-             "template": template, "seq_len": seq_len, "loss_on": loss_on},
-    "phases": [{"name": p, **sm.params.phases[p]} for p in recipe.pop("phases")],
-    **recipe,  # the recipe's switches: kd_loops, chunk_size
+    # rule train_data's mixture or the embedded task's split; the tokenizer is the teacher's own
+    "data": {"sources": [{"kind": "jsonl", "path": sm.input.data, "schema": "chat"}],
+             "tokenizer": sm.input.teacher, "template": template, "seq_len": seq_len, "loss_on": loss_on},
+    "phases": sm.params.phases,
+    **sm.params.switches,  # the recipe's switches: kd_loops, chunk_size
 }
 if gate not in ("elementwise", "scalar"):
     train_cfg["lr_gate"] = None  # parameter-free gates have nothing to give a learning rate to
-train_cfg["mlflow"] = sm.params.mlflow
 
 with rule_context(sm, "train") as log:
     Path(sm.params.run_dir).mkdir(parents=True, exist_ok=True)
