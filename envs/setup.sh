@@ -21,6 +21,18 @@ if [[ ! -x .venv/bin/python ]] || ! cmp -s "$req" "$stamp"; then
   .venv/bin/python -c "import melt_core, torch, snakemake" # fail loudly if the install did not take
   cp "$req" "$stamp"
 fi
+# HumanEval+ scoring runs model-written code only inside bubblewrap (melt_core/sandbox.py): install
+# it where we may (root with apt); elsewhere ask for it, since scoring refuses to run without it.
+if ! command -v bwrap >/dev/null; then
+  if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
+    echo "setup: installing bubblewrap (the sandbox for model-written code)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        bubblewrap; } > .venv/apt-bubblewrap.log 2>&1 || { tail -n 20 .venv/apt-bubblewrap.log >&2; exit 1; }
+  else
+    echo "setup: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap) before scoring" \
+         "HumanEval+" >&2
+  fi
+fi
 # `snakemake --profile NAME` searches ./NAME, then ~/.config/snakemake/NAME: link ours there
 # unless the user already has a different profile of that name.
 profiles="${XDG_CONFIG_HOME:-$HOME/.config}/snakemake"

@@ -58,7 +58,8 @@ class TaskSpec:
     metric: str | None = None
     stop: list[str] | None = None
     select: dict[str, Any] | None = None
-    allow_code_execution: bool = False  # HumanEval+: scoring runs the model's code
+    allow_code_execution: bool = False  # HumanEval+: scoring runs the model's code (in the sandbox)
+    unsafe_no_sandbox: bool = False  # run it without isolation where bubblewrap is missing (don't)
 
     def __post_init__(self):
         if (self.path is None) == (self.lighteval is None):

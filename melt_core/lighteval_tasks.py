@@ -272,10 +272,19 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
     The data is loaded once here so a missing dataset fails before any model runs."""
     where = f"task {spec['name']!r}"
     found = find_builtin(spec["lighteval"], where)
-    if any(c.name == "humaneval_plus" for c in found) and not spec.get("allow_code_execution"):
-        raise ConfigError(f"{where}: scoring HumanEval+ runs the model's code (isolated interpreter, time and "
-                          "memory limits, but no sandbox); opt in with `allow_code_execution: true`, ideally in a "
-                          "container without network")
+    runs_code = any(c.name == "humaneval_plus" for c in found)
+    if runs_code and not spec.get("allow_code_execution"):
+        raise ConfigError(f"{where}: scoring HumanEval+ runs the model's code (in a bubblewrap sandbox: no "
+                          "network, no host files, limits); opt in with `allow_code_execution: true`")
+    if runs_code and not spec.get("unsafe_no_sandbox"):
+        from .sandbox import SandboxUnavailable, available, interpreter
+
+        if not available():
+            raise SandboxUnavailable(f"{where}: HumanEval+ runs the model's code, and bubblewrap (bwrap) is not "
+                                     "installed on this machine: install it (`apt-get install bubblewrap`; "
+                                     "envs/setup.sh does as root), or set `unsafe_no_sandbox: true` to run it "
+                                     "unisolated at your own risk")
+        interpreter()  # a system python3 the sandbox can run
     configs = []
     for base in found:
         name = spec["name"] if len(found) == 1 else f"{spec['name']}:{base.name}"
@@ -295,6 +304,10 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
         split = spec.get("split") or base.evaluation_splits[0]
         fn = _scorer(base, spec.get("metric"), where)
         scoring = fn.compute_score if isinstance(fn, SamplingMetric) else fn.compute
+        if base.name == "humaneval_plus":
+            from melt_core.code_tasks import PassesTests
+
+            scoring = PassesTests(unsafe_no_sandbox=bool(spec.get("unsafe_no_sandbox")))
         metrics = pass_at_k_metrics(scoring, spec.get("ks", [1]), spec.get("samples", 1),
                                     normalize=getattr(fn, "normalize", None),
                                     strip_strings=getattr(fn, "strip_strings", False))
