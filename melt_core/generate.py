@@ -121,6 +121,9 @@ def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, 
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     reasons = ["length"] * len(prompts)
     texts: list[str | None] = [None] * len(prompts)
+    # tokens whose decoding surely holds a stop string that the newest token completed (every token
+    # decodes to >= 1 character except byte pieces of one character, <= 4 per character)
+    stop_window = 4 * max(map(len, params.stop_strings), default=0) + 8
     steps = tqdm(range(params.max_new_tokens), desc="decode", disable=not progress, leave=False)
     for step in steps:
         token = sample_next(out.logits[:, -1], params, generator)
@@ -130,11 +133,12 @@ def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, 
         for row in hit.nonzero().flatten().tolist():
             reasons[row] = "stop"
         finished |= hit
-        if params.stop_strings:
+        if params.stop_strings:  # only the new tail can complete a stop string: linear in all
             for row in (~finished).nonzero().flatten().tolist():
-                text = tokenizer.decode(generated[row].tolist())
-                cut = min((text.find(s) for s in params.stop_strings if s in text), default=-1)
-                if cut >= 0:
+                tail = tokenizer.decode(generated[row, -stop_window:].tolist())
+                if any(s in tail for s in params.stop_strings):
+                    text = tokenizer.decode(generated[row].tolist())  # once per row, at its stop
+                    cut = min(text.find(s) for s in params.stop_strings if s in text)
                     finished[row], reasons[row], texts[row] = True, "stop", text[:cut]
         if bool(finished.all()) or step == params.max_new_tokens - 1:
             break
@@ -155,8 +159,13 @@ def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, 
 
 
 def _trim_to_text(tokens: list[int], text: str, tokenizer) -> list[int]:
-    """The shortest token prefix whose decoding covers ``text`` (the stop string excluded)."""
-    for n in range(len(tokens) + 1):
-        if len(tokenizer.decode(tokens[:n])) >= len(text):
-            return tokens[:n]
-    return tokens
+    """The shortest token prefix whose decoding covers ``text`` (the stop string excluded); a
+    binary search, since a longer prefix never decodes shorter."""
+    lo, hi = 0, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(tokens[:mid])) >= len(text):
+            hi = mid
+        else:
+            lo = mid + 1
+    return tokens[:lo]

@@ -15,7 +15,7 @@ PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8], [40, 41]]
 class CharTok:
     """Token i decodes to chr(65 + i % 26)."""
 
-    def decode(self, ids):
+    def decode(self, ids, **_):
         return "".join(chr(65 + i % 26) for i in ids)
 
 
@@ -78,3 +78,37 @@ def test_bad_sampling_input(ouro):
         generate(ouro, PROMPTS, SamplingParams(stop_strings=("x",)))
     with pytest.raises(ConfigError, match="exceeds max_position_embeddings=256"):
         generate(ouro, PROMPTS, SamplingParams(max_new_tokens=300))
+
+
+class CountingTok(CharTok):
+    """CharTok that counts the tokens it decodes."""
+
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids, **_):
+        self.decoded += len(ids)
+        return super().decode(ids)
+
+
+def test_stop_strings_cost_linear_work_on_long_generations(ouro):
+    """Checking stop strings decodes only each step's tail (plus the whole text once at the stop):
+    a 240-token generation decodes O(tokens) tokens, not O(tokens^2); the stop lands where the
+    full-text search puts it."""
+    n = 240
+    free = generate(ouro, [PROMPTS[0]], SamplingParams(max_new_tokens=n, greedy=True, seed=0),
+                    tokenizer=CharTok())[0][0]
+    text = CharTok().decode(free.token_ids)
+    never = "@@"  # CharTok only writes letters: this stop string never appears
+    tok = CountingTok()
+    out = generate(ouro, [PROMPTS[0]], SamplingParams(max_new_tokens=n, greedy=True, stop_strings=(never,)),
+                   tokenizer=tok)[0][0]
+    assert out.finish_reason == "length" and out.token_ids == free.token_ids
+    window = 4 * len(never) + 8
+    assert tok.decoded <= n * window + 2 * n  # quadratic would be ~n^2 / 2 = 28,800
+    assert tok.decoded < n * n / 8
+    late = text[200:203]
+    out = generate(ouro, [PROMPTS[0]], SamplingParams(max_new_tokens=n, greedy=True, stop_strings=(late,)),
+                   tokenizer=CharTok())[0][0]
+    assert out.finish_reason == "stop" and out.text == text[:text.index(late)]
+    assert CharTok().decode(out.token_ids).startswith(out.text)
