@@ -35,6 +35,16 @@ class Results:
         hit = self.evals[(self.evals.model == model) & (self.evals.task == task) & (self.evals.metric == metric)]
         return float(hit.value.iloc[0]) if len(hit) else None
 
+    def per_question(self, model: str, paper_column: str):
+        """Per-question scores (percent: the share of a question's samples judged correct) behind
+        a paper column, in the task's question order; None if not evaluated."""
+        spec = self.columns.get(paper_column)
+        path = self.out / "eval" / model / f"{spec.split('/')[0]}.json" if spec else None
+        if path is None or not path.is_file():
+            return None
+        details = json.loads(path.read_text())["details"]
+        return [100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details]
+
     def run_model(self, gate: str, recipe: str) -> str:
         return f"melt-{gate}__{recipe}"
 

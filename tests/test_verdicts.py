@@ -1,0 +1,55 @@
+"""Protects the claims' verdicts (workflow/scripts/verdicts.py): fed fabricated per-question
+results for each case, a claim holds only on a clear win, fails on a clear loss, is inconclusive on
+ties and overlaps, and is not measurable when the reference (the teacher) cannot do the task, so
+a run where every model scores 0 judges nothing."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
+from verdicts import FAILS, HOLDS, INCONCLUSIVE, NA, all_of, beats, near, paired_interval  # noqa: E402
+
+N = 200
+TEACHER = [100.0] * N
+
+
+def rate(p: float, n: int = N) -> list[float]:
+    """n questions of which a share p are solved (deterministic pattern)."""
+    return [100.0 if (i * p) % 1 + p >= 1 - 1e-9 else 0.0 for i in range(n)]
+
+
+@pytest.mark.parametrize("a,b,reference,expected", [
+    ([0.0] * N, [0.0] * N, [0.0] * N, NA),              # everything zero: the teacher fails too
+    (rate(0.9), rate(0.2), [10.0] * N, NA),              # a clear gap, but the teacher is below the floor
+    (rate(0.5), rate(0.5), TEACHER, INCONCLUSIVE),       # a tie is not a win
+    (rate(0.9), rate(0.2), TEACHER, HOLDS),              # clear win
+    (rate(0.2), rate(0.9), TEACHER, FAILS),              # clear loss
+    (rate(0.52), rate(0.48), TEACHER, INCONCLUSIVE),     # overlapping intervals
+    (None, rate(0.5), TEACHER, NA),                      # missing results
+])
+def test_beats(a, b, reference, expected):
+    verdict, interval = beats(a, b, reference)
+    assert verdict.startswith(expected), (verdict, interval)
+
+
+@pytest.mark.parametrize("student,expected", [(rate(0.98), HOLDS), (rate(0.5), FAILS), (rate(0.93), INCONCLUSIVE)])
+def test_near(student, expected):
+    verdict, interval = near(student, rate(1.0), 5.0, TEACHER)
+    assert verdict == expected, (verdict, interval)
+
+
+def test_all_zero_near_is_not_measurable():
+    assert near([0.0] * N, [0.0] * N, 5.0, [0.0] * N)[0].startswith(NA)
+
+
+def test_interval_and_combination():
+    mean, lo, hi = paired_interval(rate(0.9), rate(0.2))
+    assert lo < mean < hi and 60 < mean < 80
+    assert paired_interval(rate(0.9), rate(0.2)) == (mean, lo, hi)  # seeded: reproducible
+    assert all_of([HOLDS, HOLDS]) == HOLDS and all_of([HOLDS, FAILS]) == FAILS
+    assert all_of([HOLDS, INCONCLUSIVE]) == INCONCLUSIVE and all_of([]) == INCONCLUSIVE
+    assert all_of([HOLDS, f"{NA} (x)"]).startswith(NA)
+    with pytest.raises(ValueError, match="same non-empty questions"):
+        paired_interval([1.0], [1.0, 2.0])

@@ -1,0 +1,78 @@
+"""Verdicts on accuracy claims that can fail and can abstain.
+
+Each comparison uses per-question scores (percent; a question's score is the mean over its
+samples) of two models on the same questions, and a paired bootstrap over questions for the 95%
+interval of their difference. A claim
+
+* **holds** when the whole interval lies on the claimed side (for "stays near": inside the margin);
+* **does not hold** when the whole interval lies on the other side;
+* is **inconclusive** otherwise (ties and overlaps included), with the interval shown;
+* is **not measurable** when data are missing or the reference model (the Ouro teacher) scores
+  below the floor: if the teacher cannot do the task, nothing about its student can be judged.
+
+So a run where every model scores 0 judges nothing, and a tie never counts as a win.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+HOLDS, FAILS, INCONCLUSIVE, NA = "holds", "does not hold", "inconclusive", "not measurable"
+FLOOR = 50.0  # percent the reference model must reach before its students can be judged
+BOOTSTRAP = 2000
+
+
+def paired_interval(a, b, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over questions and its bootstrap percentile interval."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"paired scores need the same non-empty questions, got {a.shape} and {b.shape}")
+    d = a - b
+    idx = np.random.default_rng(seed).integers(0, d.size, size=(BOOTSTRAP, d.size))
+    means = d[idx].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(d.mean()), float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def _gate(reference, floor: float) -> str | None:
+    """NA with the reason, or None when the comparison can be judged."""
+    if reference is None:
+        return f"{NA} (no reference scores)"
+    if float(np.mean(reference)) < floor:
+        return f"{NA} (the reference scores {np.mean(reference):.1f}% < {floor:.0f}%: it cannot do the task here)"
+    return None
+
+
+def fmt(mean: float, lo: float, hi: float) -> str:
+    return f"{mean:+.1f} pts [95% CI {lo:+.1f}, {hi:+.1f}]"
+
+
+def beats(a, b, reference, floor: float = FLOOR) -> tuple[str, str]:
+    """Claim: model a scores higher than model b. Returns (verdict, interval text)."""
+    if a is None or b is None:
+        return f"{NA} (missing results)", ""
+    na = _gate(reference, floor)
+    mean, lo, hi = paired_interval(a, b)
+    if na:
+        return na, fmt(mean, lo, hi)
+    return (HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE), fmt(mean, lo, hi)
+
+
+def near(a, b, margin: float, reference, floor: float = FLOOR) -> tuple[str, str]:
+    """Claim: model a stays within ``margin`` points below model b (a >= b - margin)."""
+    if a is None or b is None:
+        return f"{NA} (missing results)", ""
+    na = _gate(reference, floor)
+    mean, lo, hi = paired_interval(b, a)  # the gap b - a
+    if na:
+        return na, fmt(mean, lo, hi)
+    return (HOLDS if hi <= margin else FAILS if lo > margin else INCONCLUSIVE), fmt(mean, lo, hi)
+
+
+def all_of(verdicts: list[str]) -> str:
+    """A claim made of parts: holds if every part holds, fails if any fails, else the weakest."""
+    if any(v.startswith(NA) for v in verdicts):
+        return next(v for v in verdicts if v.startswith(NA))
+    if any(v == FAILS for v in verdicts):
+        return FAILS
+    return HOLDS if verdicts and all(v == HOLDS for v in verdicts) else INCONCLUSIVE
