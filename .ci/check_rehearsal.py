@@ -27,8 +27,9 @@ def plan(*configfiles: str) -> dict[str, int]:
 
 
 files = sys.argv[1:]
-outdirs = [yaml.safe_load((ROOT / f).read_text()).get("outdir") for f in files]
-out = ROOT / [o for o in outdirs if o][-1]
+layers = [yaml.safe_load((ROOT / f).read_text()) for f in files]
+version = [c["paper_version"] for c in layers if "paper_version" in c][-1]
+out = ROOT / [c["outdir"] for c in layers if "outdir" in c][-1].replace("{paper_version}", version)
 cfg = yaml.safe_load((out / "config.resolved.yaml").read_text())  # what the rehearsal ran with
 paper, rehearsal = plan("config/paper.yaml"), plan(*files)
 if set(paper) != set(rehearsal):

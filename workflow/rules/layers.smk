@@ -39,3 +39,9 @@ for _base in config_layers(workflow.overwrite_configfiles):
 
 
 config.pop("overlays", None)  # layering only; not part of the experiment's config
+# An overlay that serves several base configs (the rehearsal: v2 and v3) keeps their outputs apart
+# with `{paper_version}` in its name, outdir and MLflow settings.
+for _key, _holder in (("name", config), ("outdir", config), ("tracking_uri", config.get("mlflow", {})),
+                      ("experiment", config.get("mlflow", {}))):
+    if isinstance(_holder.get(_key), str) and "{paper_version}" in _holder[_key]:
+        _holder[_key] = _holder[_key].replace("{paper_version}", str(config.get("paper_version")))
