@@ -8,6 +8,7 @@ renamed into place when complete, so a failure never leaves a half-written check
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from .model import LoopedLM
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+CHECKSUMS = "checksums.json"  # sha256 of every file, written with the checkpoint, verified on load
 
 # The checkpoint layout as data: every key of an Ouro checkpoint and the shape it must have.
 # MELT checkpoints hold the same keys plus the gate's. The model's parameter names equal these
@@ -142,11 +144,45 @@ def check_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, source: s
                                   f"config implies {shape}")
 
 
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_checksums(path: str | Path) -> dict[str, str]:
+    """Record the sha256 of every file of a checkpoint directory in ``checksums.json``."""
+    path = Path(path)
+    sums = {f.name: sha256_file(f) for f in sorted(path.iterdir()) if f.is_file() and f.name != CHECKSUMS}
+    (path / CHECKSUMS).write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n")
+    return sums
+
+
+def verify_checksums(path: str | Path) -> None:
+    """Every file ``checksums.json`` lists must hash as recorded (a checkpoint without one passes:
+    the hub's own layout has none; our writes and downloads always add it)."""
+    path = Path(path)
+    if not (path / CHECKSUMS).is_file():
+        return
+    for name, digest in json.loads((path / CHECKSUMS).read_text()).items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: listed in {CHECKSUMS} but missing; the checkpoint is incomplete")
+        got = sha256_file(f)
+        if got != digest:
+            raise CheckpointError(f"{f}: sha256 {got[:16]}... differs from {CHECKSUMS}'s {digest[:16]}...: the "
+                                  "file changed or is corrupt since it was written; rerun the rule that made it")
+
+
 def load_pretrained(path: str | Path, dtype: torch.dtype | None = None,
                     device: str | torch.device = "cpu") -> LoopedLM:
-    """The Ouro or MELT model stored in a checkpoint directory (by its ``model_type``)."""
+    """The Ouro or MELT model stored in a checkpoint directory (by its ``model_type``), its files
+    verified against the checkpoint's sha256 manifest."""
     path = Path(path)
     cfg = read_config(path)
+    verify_checksums(path)
     state = read_state_dict(path)
     check_state_dict(state, cfg, str(path))
     if dtype is None:
@@ -166,6 +202,15 @@ def load_pretrained(path: str | Path, dtype: torch.dtype | None = None,
     return model.to(device=device, dtype=dtype).eval()
 
 
+def follow_umask(root: Path) -> None:
+    """Directories 0777 and files 0666, less the process's umask, as ``mkdir``/``open`` would make them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    root.chmod(0o777 & ~mask)
+    for p in root.rglob("*"):
+        p.chmod((0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def _atomic_dir(dest: Path):
     """Context manager yielding a temp dir renamed to ``dest`` on success, removed on failure."""
 
@@ -179,6 +224,7 @@ def _atomic_dir(dest: Path):
             if exc_type is not None:
                 shutil.rmtree(self.tmp, ignore_errors=True)
                 return False
+            follow_umask(self.tmp)  # mkdtemp makes it 0700: the group would not read a checkpoint
             if dest.exists():
                 shutil.rmtree(dest)
             os.replace(self.tmp, dest)
@@ -206,6 +252,7 @@ def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if write_extra is not None:
             write_extra(tmp)
+        write_checksums(tmp)
     return path
 
 

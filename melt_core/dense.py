@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, verify_checksums
 from .config import ConfigError
 
 MELT_TYPES = ("ouro", "melt")
@@ -80,8 +80,19 @@ class DenseLM(torch.nn.Module):
         except ValueError as err:
             raise CheckpointError(f"{path}: transformers does not implement this architecture without remote "
                                   f"code, which melt_core never runs ({err})") from None
-        hf = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
-                                                  dtype=dtype or "auto")
+        verify_checksums(path)
+        hf, info = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
+                                                        dtype=dtype or "auto", output_loading_info=True)
+        # transformers fills missing weights with random ones and drops unexpected ones, with a
+        # warning at most: a checkpoint that does not match its declared architecture is refused
+        tied = {"lm_head.weight"} if getattr(hf.config, "tie_word_embeddings", False) else set()
+        missing = sorted(set(info.get("missing_keys", [])) - tied)
+        unexpected = sorted(info.get("unexpected_keys", []))
+        mismatched = sorted(str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys", []))
+        if missing or unexpected or mismatched:
+            raise CheckpointError(f"{path}: its weights do not match its config.json's architecture "
+                                  f"({hf.config.model_type}): missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                                  f"misshapen {mismatched[:5]}; fix the config or fetch the checkpoint again")
         return cls(hf.to(device))
 
     def new_cache(self, capacity: int | None = None, mode: str = "default", keep_prompt: bool = False,

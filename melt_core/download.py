@@ -7,24 +7,19 @@ Only config, safetensors and tokenizer files are fetched; nothing is executed or
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
-from .checkpoint import CheckpointError, _atomic_dir, read_config, read_state_dict
+from .checkpoint import CheckpointError, _atomic_dir, read_config, read_state_dict, sha256_file, write_checksums
 
 ALLOW = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
          "chat_template.jinja", "added_tokens.json"]
 
 
-def sha256(path: Path, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(block):
-            h.update(chunk)
-    return h.hexdigest()
+def sha256(path: Path) -> str:
+    return sha256_file(path)
 
 
 def manifest(path: str | Path) -> dict[str, str]:
@@ -85,4 +80,5 @@ def fetch(dest: str | Path, repo_id: str | None = None, revision: str | None = N
         (tmp / "source.json").write_text(json.dumps({"repo_id": repo_id, "revision": revision,
                                                      "local_dir": str(local_dir) if repo_id is None else None,
                                                      "sha256": manifest(tmp)}, indent=2))
+        write_checksums(tmp)  # every later load verifies the copy against these
     return dest

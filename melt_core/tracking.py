@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,16 @@ def resolve_uri(tracking_uri: str | None) -> str | None:
     return uri
 
 
-def experiment_id(client, name: str) -> str:
+def artifact_root(tracking_uri: str | None) -> str | None:
+    """Artifacts beside a SQLite store (``<store dir>/mlartifacts``, absolute), so copying the
+    results folder keeps them and two stores never share a folder; a server decides for itself."""
+    uri = resolve_uri(tracking_uri)
+    if uri and uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+    return None
+
+
+def experiment_id(client, name: str, tracking_uri: str | None = None) -> str:
     """The id of experiment ``name``, creating it if needed. Two jobs that start together may
     both find it missing; the loser's create fails on the unique name, and it reads the winner's."""
     from mlflow.exceptions import MlflowException
@@ -84,7 +94,7 @@ def experiment_id(client, name: str) -> str:
     if exp is not None:
         return exp.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
     except MlflowException:
         exp = client.get_experiment_by_name(name)
         if exp is None:
@@ -102,7 +112,7 @@ def ensure_store(tracking_uri: str | None, experiment: str | None = None) -> Non
         client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
         if experiment:
-            experiment_id(client, experiment)
+            experiment_id(client, experiment, uri)
 
 
 class MlflowLogger(NullLogger):
@@ -114,10 +124,10 @@ class MlflowLogger(NullLogger):
 
         self._mlflow = mlflow
         uri = resolve_uri(tracking_uri)
-        if uri:
-            mlflow.set_tracking_uri(uri)
-        self._client = mlflow.tracking.MlflowClient()
-        exp_id = experiment_id(self._client, experiment)
+        # the client gets the URI; mlflow.set_tracking_uri would also export MLFLOW_TRACKING_URI,
+        # which then overrides every later logger's store in this process
+        self._client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+        exp_id = experiment_id(self._client, experiment, uri)
         all_tags = {"mlflow.runName": run_name, "git_commit": git_commit(), **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
@@ -149,9 +159,53 @@ class MlflowLogger(NullLogger):
             self.run_id = None
 
 
+class BestEffortLogger(NullLogger):
+    """Tracking never stops the work it records (the results files are the truth): a failing
+    MLflow call is reported loudly on stderr, once per kind of call, and the work goes on."""
+
+    def __init__(self, make):
+        self._inner, self._warned = None, set()
+        self._call("connect", lambda: setattr(self, "_inner", make()))
+
+    @property
+    def run_id(self):
+        return getattr(self._inner, "run_id", None)
+
+    def _call(self, what, fn):
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - tracking must not kill training or evaluation
+            if what not in self._warned:
+                self._warned.add(what)
+                print(f"WARNING: MLflow {what} failed, continuing without it: {type(err).__name__}: {err}",
+                      file=sys.stderr, flush=True)
+            return None
+
+    def log_params(self, params):
+        if self._inner:
+            self._call("log_params", lambda: self._inner.log_params(params))
+
+    def log_metrics(self, metrics, step=None):
+        if self._inner:
+            self._call("log_metrics", lambda: self._inner.log_metrics(metrics, step))
+
+    def log_artifact(self, path, artifact_path=None):
+        if self._inner:
+            self._call("log_artifact", lambda: self._inner.log_artifact(path, artifact_path))
+
+    def set_tags(self, tags):
+        if self._inner:
+            self._call("set_tags", lambda: self._inner.set_tags(tags))
+
+    def close(self, status="FINISHED"):
+        if self._inner:
+            self._call("close", lambda: self._inner.close(status))
+
+
 def make_logger(spec: dict[str, Any] | None, run_name: str, tags: dict[str, str] | None = None):
     """A logger from a config block ``{experiment, tracking_uri, parent_run_id}``; None -> NullLogger."""
     if not spec or not spec.get("enabled", True):
         return NullLogger()
-    return MlflowLogger(spec.get("experiment", "melt"), run_name, spec.get("tracking_uri"),
-                        {**(spec.get("tags") or {}), **(tags or {})}, spec.get("parent_run_id"))
+    return BestEffortLogger(lambda: MlflowLogger(
+        spec.get("experiment", "melt"), run_name, spec.get("tracking_uri"),
+        {**(spec.get("tags") or {}), **(tags or {})}, spec.get("parent_run_id")))

@@ -137,27 +137,64 @@ class TrainConfig:
         raise IndexError(step)
 
     def validate(self) -> None:
+        """As strict as the workflow's schema; every bad field gets its own line in one error."""
+        problems: list[str] = []
+
         def need(cond, name, msg):
             if not cond:
-                raise ConfigError(f"train config field `{name}`: {msg}")
+                problems.append(f"train config field `{name}`: {msg}")
 
-        need(self.chunk_size is None or (isinstance(self.chunk_size, int) and self.chunk_size >= 1),
+        def integer(v):  # bool is an int to Python, never to a config
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def number(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        need(self.chunk_size is None or (integer(self.chunk_size) and self.chunk_size >= 1),
              "chunk_size", f"must be an integer >= 1 or null (fully parallel), got {self.chunk_size!r}")
-        need(self.phases, "phases", "at least one phase is needed")
+        need(bool(self.phases), "phases", "at least one phase is needed")
         for i, p in enumerate(self.phases):
-            need(p.steps >= 1, f"phases[{i}].steps", f"must be >= 1, got {p.steps}")
+            need(integer(p.steps) and p.steps >= 1, f"phases[{i}].steps", f"must be an integer >= 1, got {p.steps!r}")
             for name in ("alpha_start", "alpha_end"):
                 v = getattr(p, name)
-                need(0.0 <= v <= 1.0, f"phases[{i}].{name}", f"the alpha schedule must stay in [0, 1], got {v}")
-            need(p.align_beta >= 0, f"phases[{i}].align_beta", f"must be >= 0, got {p.align_beta}")
+                need(number(v) and 0.0 <= v <= 1.0, f"phases[{i}].{name}",
+                     f"the alpha schedule must stay in [0, 1], got {v!r}")
+            need(number(p.align_beta) and p.align_beta >= 0, f"phases[{i}].align_beta",
+                 f"must be a number >= 0, got {p.align_beta!r}")
         need(self.kd_loops in ("all", "final"), "kd_loops", f"must be 'all' or 'final', got {self.kd_loops!r}")
+        need(number(self.kd_temperature) and self.kd_temperature > 0, "kd_temperature",
+             f"must be > 0 (it divides the logits), got {self.kd_temperature!r}")
         need(self.sharding in ("ddp", "fsdp"), "sharding", f"must be ddp or fsdp, got {self.sharding!r}")
-        need(self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}")
+        need(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
+        need(integer(self.batch_size) and self.batch_size >= 1, "batch_size",
+             f"must be an integer >= 1, got {self.batch_size!r}")
+        need(self.micro_batch_size is None or (integer(self.micro_batch_size) and self.micro_batch_size >= 1),
+             "micro_batch_size", f"must be an integer >= 1 or null, got {self.micro_batch_size!r}")
+        need(number(self.lr_model) and self.lr_model >= 0, "lr_model", f"must be a number >= 0, got {self.lr_model!r}")
+        need(self.lr_gate is None or (number(self.lr_gate) and self.lr_gate >= 0), "lr_gate",
+             f"must be a number >= 0 or null, got {self.lr_gate!r}")
+        need(number(self.weight_decay) and self.weight_decay >= 0, "weight_decay",
+             f"must be a number >= 0, got {self.weight_decay!r}")
+        need(self.grad_clip is None or (number(self.grad_clip) and self.grad_clip > 0), "grad_clip",
+             f"must be a number > 0 or null (no clipping), got {self.grad_clip!r}")
+        need(integer(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps",
+             f"must be an integer >= 0, got {self.warmup_steps!r}")
+        need(len(self.betas) == 2 and all(number(b) and 0 <= b < 1 for b in self.betas), "betas",
+             f"must be two numbers in [0, 1), got {self.betas!r}")
+        need(integer(self.data.seq_len) and self.data.seq_len >= 2, "data.seq_len",
+             f"must be an integer >= 2 (an input and a target), got {self.data.seq_len!r}")
         need(self.data.loss_on in ("assistant", "all"), "data.loss_on",
              f"must be 'assistant' or 'all', got {self.data.loss_on!r}")
-        need(self.checkpoint_every >= 1, "checkpoint_every", "must be >= 1")
+        need(self.data.total is None or (integer(self.data.total) and self.data.total >= 1), "data.total",
+             f"must be an integer >= 1 or null, got {self.data.total!r}")
+        need(integer(self.checkpoint_every) and self.checkpoint_every >= 1, "checkpoint_every",
+             f"must be an integer >= 1, got {self.checkpoint_every!r}")
+        need(integer(self.keep_checkpoints) and self.keep_checkpoints >= 1, "keep_checkpoints",
+             f"must be an integer >= 1, got {self.keep_checkpoints!r}")
         need(self.handoff in ("continue", "fresh_optimizer"), "handoff",
              f"must be 'continue' or 'fresh_optimizer', got {self.handoff!r}")
+        if problems:
+            raise ConfigError("\n".join(problems))
 
     def validate_models(self, student: ModelConfig, teacher: ModelConfig) -> None:
         """Checks that need the checkpoints' configs; run before any compute."""

@@ -3,7 +3,9 @@ bad files and bad configs fail with one clear error naming the file, key or fiel
 a failed conversion leaves nothing behind."""
 
 import json
+import os
 import shutil
+import stat
 
 import pytest
 import torch
@@ -156,3 +158,39 @@ def test_conversion_cli(fixture_dir, tmp_path):
     main([str(fixture_dir), str(tmp_path / "m"), "--gate", "scalar", "--window", "5", "--seed", "2"])
     cfg = melt_core.load_pretrained(tmp_path / "m").config
     assert (cfg.gate, cfg.window) == ("scalar", 5)
+
+
+def test_a_flipped_bit_in_a_saved_checkpoint_is_refused(ouro, tmp_path):
+    """Our checkpoints carry a sha256 manifest written at save and verified at every load."""
+    path = melt_core.save_pretrained(ouro, tmp_path / "ck")
+    sums = json.loads((path / "checksums.json").read_text())
+    assert {"model.safetensors", "config.json"} <= set(sums)
+    melt_core.load_pretrained(path)  # intact: loads
+    data = bytearray((path / "model.safetensors").read_bytes())
+    data[-100] ^= 0x01  # one bit inside the tensor data: safetensors itself would not notice
+    (path / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: sha256 .* differs from checksums\.json"):
+        melt_core.load_pretrained(path)
+
+
+def test_checkpoints_follow_the_umask(ouro, tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = melt_core.save_pretrained(ouro, tmp_path / "ck")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(f.stat().st_mode) for f in path.iterdir()} == {0o644}
+
+
+def test_a_dense_checkpoint_that_does_not_match_its_architecture_is_refused(fixture_dir, tmp_path):
+    """An Ouro checkpoint relabelled `llama` would load as a Llama with six weight groups dropped
+    and the rest random: refused, naming the keys."""
+    from melt_core.dense import DenseLM
+
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"weights do not match .*\(llama\): missing .*unexpected"):
+        DenseLM.from_pretrained(d)

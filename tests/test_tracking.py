@@ -2,7 +2,7 @@
 
 import mlflow
 
-from melt_core.tracking import MlflowLogger, ensure_store, experiment_id
+from melt_core.tracking import MlflowLogger, ensure_store, experiment_id, make_logger
 
 
 def test_experiment_created_by_another_job_in_between_is_reused(tmp_path):
@@ -41,3 +41,27 @@ def test_ensure_store_creates_the_experiment_and_loggers_share_it(tmp_path):
         a_id = a.run_id
     run = client.get_run(a_id)
     assert run.data.metrics == {"acc___": 1.0} and run.info.status == "FINISHED"
+
+
+def test_artifacts_live_beside_the_store(tmp_path):
+    """Not in ./mlruns of whatever directory a job runs in: copying results/ keeps them, and two
+    stores never share an artifact folder."""
+    uri = f"sqlite:///{tmp_path}/store/mlflow.db"
+    ensure_store(uri, "melt-art")
+    exp = mlflow.tracking.MlflowClient(tracking_uri=uri).get_experiment_by_name("melt-art")
+    assert exp.artifact_location == (tmp_path / "store" / "mlartifacts").as_uri()
+    report = tmp_path / "report.txt"
+    report.write_text("x")
+    with MlflowLogger("melt-art", "a", uri) as run:
+        run.log_artifact(report)
+        run_id = run.run_id
+    assert (tmp_path / "store" / "mlartifacts" / run_id / "artifacts" / "report.txt").is_file()
+
+
+def test_a_tracking_failure_is_loud_but_not_fatal(tmp_path, capsys):
+    logger = make_logger({"tracking_uri": "sqlite:////proc/melt-no-such-dir/mlflow.db", "experiment": "x"}, "run")
+    logger.log_params({"a": 1})
+    logger.log_metrics({"loss": 1.0}, step=1)
+    logger.close()
+    err = capsys.readouterr().err
+    assert err.count("WARNING: MLflow connect failed, continuing without it") == 1

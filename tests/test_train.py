@@ -227,11 +227,27 @@ def test_checkpoint_from_a_different_config_is_refused(setup):
     ({"phases": [{"name": "p", "steps": 2, "alpha_start": -0.5}]}, r"`phases\[0\]\.alpha_start`: .*\[0, 1\]"),
     ({"kd_loops": "some"}, "`kd_loops`"),
     ({"lr_mdoel": 1e-3}, r"unknown field\(s\) \['lr_mdoel'\]"),
+    ({"kd_temperature": 0}, "`kd_temperature`: must be > 0"),
+    ({"lr_model": -1e-3}, "`lr_model`: must be a number >= 0"),
+    ({"grad_clip": -1.0}, "`grad_clip`: must be a number > 0 or null"),
+    ({"chunk_size": True}, "`chunk_size`: must be an integer >= 1 or null"),
+    ({"device": "tpu"}, "`device`: must be auto, cpu or cuda"),
+    ({"phases": [{"name": "p", "steps": "3"}]}, r"`phases\[0\]\.steps`: must be an integer >= 1, got '3'"),
 ])
 def test_contradictory_configs_fail_before_compute(setup, override, pattern):
     with pytest.raises(ConfigError, match=pattern):
         train(cfg_for(setup, "bad", **override))
     assert not (setup[0] / "bad").exists()
+
+
+def test_every_bad_field_is_named_in_one_error(setup):
+    cfg = cfg_for(setup, "bad_many", kd_temperature=0, lr_model=-1.0, device="tpu")
+    cfg["data"]["seq_len"] = 1
+    with pytest.raises(ConfigError) as err:
+        train(cfg)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 4 and all(line.startswith("train config field `") for line in lines), lines
+    assert any("`data.seq_len`: must be an integer >= 2" in line for line in lines)
 
 
 def test_model_mismatches_fail_before_compute(setup, tmp_path):
