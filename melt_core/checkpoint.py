@@ -164,16 +164,20 @@ def verify_checksums(path: str | Path) -> None:
     """Every file ``checksums.json`` lists must hash as recorded (a checkpoint without one passes:
     the hub's own layout has none; our writes and downloads always add it)."""
     path = Path(path)
-    if not (path / CHECKSUMS).is_file():
-        return
-    for name, digest in json.loads((path / CHECKSUMS).read_text()).items():
-        f = path / name
+    if (path / CHECKSUMS).is_file():
+        check_digests(path, json.loads((path / CHECKSUMS).read_text()), CHECKSUMS,
+                      "the file changed or is corrupt since it was written; rerun the rule that made it")
+
+
+def check_digests(path: Path, expected: dict[str, str], manifest: str, fix: str) -> None:
+    """Every file named in ``expected`` exists in ``path`` and has that sha256."""
+    for name, digest in expected.items():
+        f = Path(path) / name
         if not f.is_file():
-            raise CheckpointError(f"{f}: listed in {CHECKSUMS} but missing; the checkpoint is incomplete")
+            raise CheckpointError(f"{f}: listed in {manifest} but missing; {fix}")
         got = sha256_file(f)
         if got != digest:
-            raise CheckpointError(f"{f}: sha256 {got[:16]}... differs from {CHECKSUMS}'s {digest[:16]}...: the "
-                                  "file changed or is corrupt since it was written; rerun the rule that made it")
+            raise CheckpointError(f"{f}: sha256 {got[:16]}... differs from {manifest}'s {digest[:16]}...: {fix}")
 
 
 def load_pretrained(path: str | Path, dtype: torch.dtype | None = None,

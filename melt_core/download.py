@@ -11,7 +11,15 @@ import json
 import shutil
 from pathlib import Path
 
-from .checkpoint import CheckpointError, _atomic_dir, read_config, read_state_dict, sha256_file, write_checksums
+from .checkpoint import (
+    CheckpointError,
+    _atomic_dir,
+    check_digests,
+    read_config,
+    read_state_dict,
+    sha256_file,
+    write_checksums,
+)
 
 ALLOW = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
          "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -31,14 +39,8 @@ def manifest(path: str | Path) -> dict[str, str]:
 def verify(path: str | Path, expected: dict[str, str] | None) -> None:
     """Checksums (when given) and a structural check: config + every tensor readable and consistent."""
     path = Path(path)
-    for name, digest in (expected or {}).items():
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{f}: listed in the checksum manifest but missing")
-        got = sha256(f)
-        if got != digest:
-            raise CheckpointError(f"{f}: sha256 {got} does not match the manifest's {digest}; the download "
-                                  "is corrupt or the revision changed — delete it and fetch again")
+    check_digests(path, expected or {}, "the config's sha256 manifest",
+                  "the download is corrupt or the revision changed; delete it and fetch again")
     from .checkpoint import check_state_dict
 
     state = read_state_dict(path)  # every tensor readable

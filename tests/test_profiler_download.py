@@ -51,7 +51,7 @@ def test_fetch_local_verifies_checksums(fixture_dir, tmp_path):
     data = bytearray((bad / "model.safetensors").read_bytes())
     data[-1] ^= 0xFF
     (bad / "model.safetensors").write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="does not match the manifest"):
+    with pytest.raises(CheckpointError, match="differs from the config.s sha256 manifest"):
         fetch(tmp_path / "ck2", local_dir=bad, sha256s={"model.safetensors": good["model.safetensors"]})
     assert not (tmp_path / "ck2").exists() and not list(tmp_path.glob(".ck2.tmp-*"))
 
