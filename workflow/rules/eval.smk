@@ -1,15 +1,18 @@
 # Stage 4 + 6: benchmark evaluation of every model (teacher, untrained sharing baselines,
-# untrained MELT, every trained run) on every task. One job per model writes one JSON per task
-# (the model is loaded once; on a GPU cluster, one job per model is also the natural unit).
+# untrained MELT, every trained run) on every task: one job per (model, task), so on a cluster the
+# ten benchmarks of a model run side by side on ten GPUs (one job per model ran them in sequence,
+# days of 32K-token sampling against the profile's 24-hour limit), and a changed task setting
+# reruns only that task's jobs.
 
 
 rule eval:
+    """Evaluate one model on one task: one results JSON (metrics and every question's samples)."""
     input:
         unpack(lambda wc: eval_inputs(wc.model)),
     output:
-        expand(f"{OUT}/eval/{{{{model}}}}/{{task}}.json", task=TASKS),
+        f"{OUT}/eval/{{model}}/{{task}}.json",
     params:
-        tasks=config["eval"]["tasks"],  # as params: a changed setting reruns the eval
+        task=lambda wc: config["eval"]["tasks"][wc.task],  # as params: a changed setting reruns it
         prefill_chunk=config["eval"].get("prefill_chunk"),
         backend=config["eval"].get("backend", "lighteval"),
         device=config["eval"].get("device", "auto"),
@@ -17,12 +20,12 @@ rule eval:
         seed=config["eval"].get("seed", 0),
         batch_size=config["eval"].get("batch_size", 64),
         template=config["train"]["template"],
-        mlflow=lambda wc: mlflow_spec("eval", model=wc.model),
+        mlflow=lambda wc: mlflow_spec("eval", model=wc.model, task=wc.task),
     threads: 1
     log:
-        f"{OUT}/logs/eval-{{model}}.log",
+        f"{OUT}/logs/eval-{{model}}/{{task}}.log",
     benchmark:
-        f"{OUT}/benchmarks/eval-{{model}}.tsv"
+        f"{OUT}/benchmarks/eval-{{model}}/{{task}}.tsv"
     conda:
         "../../envs/melt.yaml"
     script:

@@ -51,10 +51,14 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                 "; ".join(f"Ouro - {k}: {ci}" for k, (_, ci) in parts.items()),
                 all_of([v for v, _ in parts.values()])))
     recipe = r.config["ablations"]["gate_recipe"]
-    others = [g for g in r.config["ablations"]["gates"] if g != "elementwise"]
+    # v2 (Table 3): element-wise beats every other gate; v3 reports averages where `last` nearly ties
+    # (63.3 vs 64.2), so v3's claim is only that it beats the mean of loops (55.6)
+    others = [g for g in r.config["ablations"]["gates"] if g != "elementwise" and (r.version == "v2" or g == "mean")]
     parts = {g: beats(q(r.run_model("elementwise", recipe)), q(r.run_model(g, recipe)), ouro) for g in others}
     scores = ", ".join(f"{g} {pct(r.score(r.run_model(g, recipe), col))}" for g in r.config["ablations"]["gates"])
-    out.append(("The element-wise gate beats mean, EMA, last and scalar (Table 3)",
+    claim = ("The element-wise gate beats mean, EMA, last and scalar (v2 Table 3)" if r.version == "v2" else
+             "The element-wise gate beats the mean of loops (v3: average 64.2 vs 55.6; last nearly ties, 63.3)")
+    out.append((claim,
                 f"{scores}; element-wise minus " + "; ".join(f"{g}: {ci}" for g, (_, ci) in parts.items()),
                 all_of([v for v, _ in parts.values()])))
     gate, steps = r.config["main_run"]["gate"], r.config["ablations"]["recipes"]
@@ -64,23 +68,30 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                           f"{pct(r.score(r.run_model(gate, b), col))}: {ci}" for (a, b), (_, ci) in parts.items()),
                 all_of([v for v, _ in parts.values()])))
     if "no_chunking" in steps and "no_allloop_kd" in steps:
-        before, after = q(r.run_model(gate, "no_allloop_kd")), q(r.run_model(gate, "no_chunking"))
+        # v2: fully parallel training collapses (0.0); v3: it ends below the untrained conversion
+        # (AIME24 10.6 vs 14.2, MATH-500 55.0 vs 58.0), so v3's comparison is with melt-untrained
+        base = "no_allloop_kd" if r.version == "v2" else "untrained"
+        base_model = r.run_model(gate, base) if base != "untrained" else "melt-untrained"
+        before, after = q(base_model), q(r.run_model(gate, "no_chunking"))
         verdict, ci = beats(before, after, ouro)
         if before is not None and not any(before) and not verdict.startswith(NA):
-            verdict = f"{NA} (the step before already scores 0, so removing chunking cannot show a drop)"
-        out.append(("Chunk-wise training is indispensable (fully parallel training loses accuracy)",
-                    f"removing chunking: {pct(r.score(r.run_model(gate, 'no_allloop_kd'), col))} -> "
-                    f"{pct(r.score(r.run_model(gate, 'no_chunking'), col))}; drop {ci}", verdict))
+            verdict = f"{NA} (the model compared with already scores 0, so no drop can show)"
+        claim = ("Chunk-wise training is indispensable (v2: fully parallel training collapses to 0)"
+                 if r.version == "v2" else
+                 "Chunk-wise training is indispensable (v3: fully parallel training ends below the untrained "
+                 "conversion, AIME24 10.6 vs 14.2)")
+        out.append((claim, f"{base_model} {pct(r.score(base_model, col))} -> fully parallel "
+                           f"{pct(r.score(r.run_model(gate, 'no_chunking'), col))}; drop {ci}", verdict))
     sp = r.speed[r.speed.context == r.speed.context.min()].set_index("model")["decode_tok_s"]
     if {"ouro", "melt"} <= set(sp.index):
-        out.append(("MELT decodes slower than Ouro at batch 1 (Table 10: 8.5 vs 13.5 tok/s, 0.63x)",
+        out.append(("MELT decodes slower than Ouro at batch 1 (v3 Table 10: 8.5 vs 13.5 tok/s, 0.63x)",
                     f"CPU-sized shape, context {r.speed.context.min()}: MELT/Ouro = {sp['melt'] / sp['ouro']:.2f}",
                     HOLDS if sp["melt"] < sp["ouro"] else FAILS + " (our decode path is closer to Ouro's speed)"))
     tt = r.train_throughput.set_index("model")
     melt_rows = tt[tt.index.str.startswith("melt-")]
     if len(melt_rows):
         worst = melt_rows.ratio_to_ouro.min()
-        out.append(("Chunk-wise training is ~10x slower than parallel Ouro distillation (Table 11: 0.105x)",
+        out.append(("Chunk-wise training is ~10x slower than parallel Ouro distillation (v3 Table 11: 0.105x)",
                     ", ".join(f"{m} {v:.2f}x" for m, v in melt_rows.ratio_to_ouro.items()),
                     HOLDS if worst < 0.5 else FAILS + " (our chunk-wise step is faster relative to Ouro)"))
     out.append(("Benchmark numbers at 1.6B scale (AIME, MATH-500, GPQA, ...)",
@@ -93,7 +104,8 @@ with rule_context(sm, "report", run_name="claims") as log:
     results = Results(sm.config, str(Path(sm.scriptdir).parent / "resources" / "paper_values.yaml"))
     rows = claims(results)
     lines = [f"# Paper claims checked against our runs ({sm.config['name']})", "",
-             f"{results.note}", "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
+             f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
+             "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
     lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
     Path(sm.output[0]).write_text("\n".join(lines) + "\n")
     for path in list(sm.input.tables) + list(sm.input.figures) + [sm.output[0]]:

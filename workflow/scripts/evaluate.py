@@ -1,4 +1,4 @@
-"""Rule eval: one model, every task -> one results JSON per task (per-sample details + metrics).
+"""Rule eval: one model on one task -> one results JSON (per-sample details + metrics).
 
 Model ids: ouro (teacher, per-loop cache), ouro-{first,last}-loop[+prompt] (the untrained
 sharing baselines of Table 5), melt-untrained (converted, no training), melt-{gate}__{recipe},
@@ -37,15 +37,14 @@ with rule_context(sm, "eval") as log:
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
                     "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend, "device": device,
                     "dtype": str(dtype).removeprefix("torch.")})
-    model = load_model(spec, device, dtype)  # once for all the tasks
-    for out in sm.output:
-        task_name = Path(out).stem
-        task_cfg = dict(sm.params.tasks[task_name])
-        if "lighteval" not in task_cfg:  # a local JSONL: given, or the embedded task's split
-            split = task_cfg.pop("split", "test")
-            task_cfg.setdefault("path", str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl"))
-        task = TaskSpec(name=task_name, template=sm.params.template, **task_cfg)
-        log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
-        result = run(spec, task, out, seed=sm.params.seed, batch_size=sm.params.batch_size, logger=log,
-                     model=model, device=device)
-        print(task_name, result["metrics"])
+    model = load_model(spec, device, dtype)
+    out, task_name = sm.output[0], sm.wildcards.task
+    task_cfg = dict(sm.params.task)
+    if "lighteval" not in task_cfg:  # a local JSONL: given, or the embedded task's split
+        split = task_cfg.pop("split", "test")
+        task_cfg.setdefault("path", str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl"))
+    task = TaskSpec(name=task_name, template=sm.params.template, **task_cfg)
+    log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
+    result = run(spec, task, out, seed=sm.params.seed, batch_size=sm.params.batch_size, logger=log,
+                 model=model, device=device)
+    print(task_name, result["metrics"])

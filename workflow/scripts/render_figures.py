@@ -28,11 +28,12 @@ def figure1_pareto(r: Results, ax):
         if acc is not None and mem is not None:
             ax.scatter(mem, acc, s=60)
             ax.annotate(label, (mem, acc), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    paper = r.paper["table2_memory"]
-    ax.scatter([paper["ouro-1.4b"]["kv_mb_per_token_v2"], paper["melt-1.6b"]["kv_mb_per_token_v2"],
-                paper["qwen3-1.7b-shape"]["kv_mb_per_token_v2"]],
-               [r.paper["table1_main"]["MATH-500"][k] for k in ("ouro", "melt", "qwen3")], marker="x", c="gray",
-               label="paper (MATH-500)")
+    kv_paper, acc_paper = r.paper["table2_memory"], r.paper["table1_main"].get("MATH-500", {})
+    pts = [(kv_paper.get(shape, {}).get("kv_mb_per_token"), acc_paper.get(model))
+           for shape, model in (("ouro-1.4b", "ouro"), ("melt-1.6b", "melt"), ("qwen3-1.7b-shape", "qwen3"))]
+    pts = [(x, y) for x, y in pts if x is not None and y is not None]  # what this paper version reports
+    if pts:
+        ax.scatter(*zip(*pts), marker="x", c="gray", label=f"paper {r.version} (MATH-500)")
     ax.set_xlabel("KV cache MB per token (bf16, real 1.4B/1.6B shapes)")
     ax.set_ylabel(f"accuracy % ({r.columns.get('MATH-500')})")
     ax.set_title("Accuracy vs KV memory (Figure 1)")

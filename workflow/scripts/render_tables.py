@@ -16,15 +16,17 @@ sm = snakemake
 def table1_main(r: Results) -> tuple[pd.DataFrame, str]:
     rows = []
     dense = r.config["report"].get("dense_column")
-    for bench, paper in r.paper["table1_main"].items():
-        ouro, melt = r.score("ouro", bench), r.score(r.main_model, bench)
-        qwen = r.score(f"dense-{dense}", bench) if dense else None
-        rows.append({"benchmark": bench, "ours stands in": r.columns.get(bench, "not measured"),
-                     "Ouro paper": paper["ouro"], "Ouro ours": ouro, "Ouro diff": diff(ouro, paper["ouro"]),
-                     "MELT paper": paper["melt"], "MELT ours": melt, "MELT diff": diff(melt, paper["melt"]),
-                     "Qwen3-1.7B paper": paper["qwen3"], "Qwen3-1.7B ours": qwen,
-                     "Qwen3-1.7B diff": diff(qwen, paper["qwen3"])})
-    return pd.DataFrame(rows), f"Table 1: main results (percent). {r.note}"
+    v = r.version
+    for bench in dict.fromkeys([*r.paper["table1_main"], *r.columns]):
+        paper = r.paper["table1_main"].get(bench, {})
+        ours = {"Ouro": r.score("ouro", bench), "MELT": r.score(r.main_model, bench),
+                "Qwen3-1.7B": r.score(f"dense-{dense}", bench) if dense else None}
+        row = {"benchmark": bench, "ours stands in": r.columns.get(bench, "not measured")}
+        for label, key in (("Ouro", "ouro"), ("MELT", "melt"), ("Qwen3-1.7B", "qwen3")):
+            row |= {f"{label} paper {v}": paper.get(key), f"{label} ours": ours[label],
+                    f"{label} diff": diff(ours[label], paper.get(key))}
+        rows.append(row)
+    return pd.DataFrame(rows), f"Table 1: main results (percent; paper {v}). {r.note}"
 
 
 def table2_memory(r: Results) -> tuple[pd.DataFrame, str]:
@@ -35,9 +37,8 @@ def table2_memory(r: Results) -> tuple[pd.DataFrame, str]:
                      "weights GB paper": paper.get("weights_gb"),
                      "KV MB/token ours (measured)": m["kv_mb_per_token_measured"],
                      "KV MB/token analytic": m["kv_mb_per_token_analytic"],
-                     "KV MB/token paper v2": paper.get("kv_mb_per_token_v2"),
-                     "KV MB/token diff v2": diff(m["kv_mb_per_token_measured"], paper.get("kv_mb_per_token_v2")),
-                     "KV MB/token paper v3": paper.get("kv_mb_per_token"),
+                     f"KV MB/token paper {r.version}": paper.get("kv_mb_per_token"),
+                     "KV MB/token diff": diff(m["kv_mb_per_token_measured"], paper.get("kv_mb_per_token")),
                      f"total GB at {m['context']} (analytic)": m["total_gb_analytic"],
                      "peak GB paper": paper.get("peak_gb"), "peak GB ours": m["peak_gb"], "peak kind": m["peak_kind"],
                      "max batch ours": m["max_batch"], "max batch paper": paper.get("max_batch"),
@@ -62,8 +63,10 @@ def table3_gates(r: Results) -> tuple[pd.DataFrame, str]:
     for gate in r.config["ablations"]["gates"]:
         paper = r.paper["table3_gates"].get(gate, {})
         benches = ("AIME24", "AIME25", "MATH-500")
-        rows.append({"gate": gate, **bench_columns(r, r.run_model(gate, recipe), paper, benches)})
-    return pd.DataFrame(rows), f"Table 3: gate variants after the `{recipe}` recipe (percent). {r.note}"
+        rows.append({"gate": gate, **bench_columns(r, r.run_model(gate, recipe), paper, benches),
+                     f"average paper {r.version}": paper.get("average")})
+    return pd.DataFrame(rows), (f"Table 3: gate variants after the `{recipe}` recipe (percent; paper "
+                                f"{r.version}). {r.note}")
 
 
 def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
@@ -73,9 +76,11 @@ def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
         paper = r.paper["table4_recipe"].get(recipe, {})
         rows.append({"recipe (cumulative removal)": recipe,
                      **bench_columns(r, r.run_model(gate, recipe), paper, ("AIME24", "MATH-500"))})
-    untrained = r.score("melt-untrained", "MATH-500")
-    rows.append({"recipe (cumulative removal)": "untrained (conversion only)", "MATH-500 ours": untrained})
-    return pd.DataFrame(rows), f"Table 4: training-recipe ablation, {gate} gate (percent). {r.note}"
+    rows.append({"recipe (cumulative removal)": "untrained (conversion only)",
+                 **bench_columns(r, "melt-untrained", r.paper["table4_recipe"].get("untrained", {}),
+                                 ("AIME24", "MATH-500"))})
+    return pd.DataFrame(rows), (f"Table 4: training-recipe ablation, {gate} gate (percent; paper {r.version}). "
+                                f"{r.note}")
 
 
 def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
@@ -111,19 +116,25 @@ def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:
     ouro = df[df.model == "ouro"].set_index(["shape", "context"])["decode tok/s ours"]
     df["decode ratio to Ouro (ours)"] = [v / ouro.get((ouro_of[s], c), float("nan"))
                                          for v, s, c in zip(df["decode tok/s ours"], df["shape"], df.context)]
-    df["decode ratio to Ouro (paper)"] = [{"melt": 8.5 / 13.5, "ouro": 1.0, "dense-gqa": 41.6 / 13.5}.get(m)
+    paper = r.paper["table10_speed"]
+    base = paper.get("ouro", {}).get("decode_tok_s")
+    df["decode ratio to Ouro (paper)"] = [paper[m]["decode_tok_s"] / base if base and m in paper else None
                                           for m in df.model]
-    return df, ("Table 10: batch-1 speed. Ours: on this machine's CPU, a CPU-sized shape with Ouro's proportions "
+    return df, ("Table 10 (the paper's v3 only): batch-1 speed. Ours: on this machine's CPU, a CPU-sized shape "
+                "with Ouro's proportions "
                 "(cpu-mid) and the real shapes at a short context; the paper: H100 at the real shape. "
                 "Compare the ratios, not the absolute rates.")
 
 
 def table11_train_throughput(r: Results) -> tuple[pd.DataFrame, str]:
     df = r.train_throughput.copy()
-    df["paper tok/s"] = [r.paper["table11_train_throughput"]["ouro-parallel"] if m == "ouro-parallel"
-                         else r.paper["table11_train_throughput"]["melt-chunked"] for m in df.model]
-    df["paper ratio"] = df["paper tok/s"] / r.paper["table11_train_throughput"]["ouro-parallel"]
-    return df, ("Table 11: training tokens/s, chunk-wise MELT (chunk C) vs parallel Ouro distillation, same shape, "
+    paper = r.paper["table11_train_throughput"]
+    df["paper tok/s"] = [paper.get("ouro-parallel") if m == "ouro-parallel" else paper.get("melt-chunked")
+                         for m in df.model]
+    df["paper ratio"] = [None if t is None or not paper.get("ouro-parallel") else t / paper["ouro-parallel"]
+                         for t in df["paper tok/s"]]
+    return df, ("Table 11 (the paper's v3 only): training tokens/s, chunk-wise MELT (chunk C) vs parallel Ouro "
+                "distillation, same shape, "
                 "sequence and batch, measured side by side.")
 
 
