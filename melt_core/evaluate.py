@@ -27,7 +27,7 @@ from .data import DataError, load_tokenizer, prompt_ids, read_jsonl, stop_token_
 from .dense import DenseLM, checkpoint_kind
 from .generate import SamplingParams, generate
 from .metrics import extract_answer, pass_at_k
-from .tracking import NullLogger
+from .tracking import NullLogger, stamp
 
 
 @dataclass
@@ -192,6 +192,8 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
             configs = [task_config({"name": task.name, "data_dir": str(data_dir), "split": "test",
                                     "samples": task.samples, "ks": task.ks, "answer_style": task.answer_style,
                                     "max_new_tokens": task.max_new_tokens})]
+        stamp(f"eval {model_spec.name} {task.name}: {task.samples} samples per question, up to "
+              f"{task.max_new_tokens} new tokens, batch {batch_size}, {device}")
         t0 = time.perf_counter()
         limit = task.limit if task.lighteval else None  # (a JSONL task's records are already limited)
         pipeline = build_pipeline(config, ",".join(f"{c.name}|0" for c in configs), Path(tmp) / "lighteval",
@@ -223,6 +225,8 @@ def _question(record: dict) -> str:
 
 
 def _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend) -> dict[str, Any]:
+    stamp(f"eval {model_spec.name} {task.name}: {len(details)} questions x {task.samples} samples in "
+          f"{seconds:.1f} s: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items()))
     result = {"model": asdict(model_spec), "task": asdict(task), "seed": seed, "backend": backend,
               "metrics": metrics, "n_questions": len(details),
               "generated_tokens": sum(sum(d.get("generated_tokens", [])) for d in details),

@@ -13,8 +13,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+
+def stamp(msg: str) -> None:
+    """A timestamped line for logs people read with tail -f or less."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}", flush=True)
 
 
 class NullLogger:

@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ from . import checkpoint as ck
 from .config import ConfigError, ModelConfig
 from .data import PackedData, load_mixture, load_tokenizer
 from .losses import alignment_loss_sum, kd_loss_sum, token_count
-from .tracking import NullLogger, config_hash, make_logger
+from .tracking import NullLogger, config_hash, make_logger, stamp
 
 
 @dataclass
@@ -95,8 +96,9 @@ class TrainConfig:
     autocast_bf16: bool = False  # bf16 autocast (GPU, or CPU for rehearsals)
     activation_checkpointing: bool = False  # recompute each layer's MLP half in backward
     sharding: str = "ddp"  # ddp (replicate) | fsdp (shard student + optimizer over ranks)
-    log_every: int = 1
+    log_every: int = 1  # metrics.jsonl / MLflow every N steps
     progress: bool = True
+    print_every: int = 0  # a log line every N steps when not in a terminal; 0: about 50 lines a run
     mlflow: dict[str, Any] | None = None  # {experiment, tracking_uri, tags, parent_run_id}
     run_name: str = "train"
     # Phase by phase: ``phases`` lists the whole path so far and ``init_from`` is the final checkpoint
@@ -337,7 +339,7 @@ def phase_handoff(cfg: TrainConfig) -> Path:
 def _resume_key(cfg: TrainConfig) -> dict:
     """The fields a checkpoint must agree on to be resumed (not logging, not paths)."""
     d = cfg.to_dict()
-    for k in ("out_dir", "progress", "mlflow", "log_every", "run_name", "keep_checkpoints", "device"):
+    for k in ("out_dir", "progress", "mlflow", "log_every", "print_every", "run_name", "keep_checkpoints", "device"):
         d.pop(k, None)
     return d
 
@@ -432,7 +434,7 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         start = state["step"]
         what = "resuming" if resume is not None else f"continuing ({cfg.handoff}) after the earlier phases"
-        print(f"{what} from step {start} ({resume or handoff})", flush=True)
+        stamp(f"{cfg.run_name} {what} from step {start} ({resume or handoff})")
 
     logger = logger or (make_logger(cfg.mlflow, cfg.run_name, {"stage": "train"}) if d.main else NullLogger())
     if d.main:
@@ -444,12 +446,11 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start] \
             if resume is not None and metrics_path.is_file() else []
         metrics_path.write_text("".join(line + "\n" for line in kept))
-    bar = tqdm(range(start, cfg.total_steps), initial=start, total=cfg.total_steps, desc=cfg.run_name,
-               disable=not (cfg.progress and d.main), dynamic_ncols=True)
+    progress = StepLog(cfg.run_name, start, cfg.total_steps, cfg.progress and d.main, cfg.print_every)
     # bf16 autocast on any device (CPU too, so the cluster's code path can be rehearsed without a GPU)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
     grad_scale = d.world if (cfg.sharding == "fsdp" and d.world > 1) else 1  # FSDP averages; we want sums
-    for step in bar:
+    for step in range(start, cfg.total_steps):
         phase, in_phase = cfg.phase_at(step)
         alpha = phase.alpha(in_phase)
         for g in optimizer.param_groups:
@@ -482,24 +483,27 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         row = {"step": step + 1, "loss": totals[0].item(), "kd": totals[1].item(), "align": totals[2].item(),
                "alpha": alpha, "phase": phase.name, "grad_norm": float(grad_norm), "tokens_per_s": tok_s}
         if d.main:
-            bar.set_postfix(loss=f"{row['loss']:.4f}", kd=f"{row['kd']:.4f}", align=f"{row['align']:.4f}",
-                            alpha=f"{alpha:.2f}", tok_s=f"{tok_s:.0f}")
+            progress.step(row, optimizer.param_groups[0]["lr"], phase_end=in_phase == phase.steps - 1)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.total_steps:
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
                 logger.log_metrics({k: v for k, v in row.items() if k != "phase"}, step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps:
-            _save_checkpoint(out_dir / "checkpoints" / f"step-{step + 1:07d}", step + 1, student, optimizer, cfg, d)
+            saved = _save_checkpoint(out_dir / "checkpoints" / f"step-{step + 1:07d}", step + 1, student, optimizer,
+                                     cfg, d)
             if d.main:
                 _prune_checkpoints(out_dir, cfg.keep_checkpoints)
+                stamp(f"{cfg.run_name} checkpoint saved: {saved}")
         if _STEP_DELAY:
             time.sleep(_STEP_DELAY)
         if d.world > 1:
             dist.barrier()
     # the final checkpoint keeps the trainer state too, so a later phase can continue from it
+    progress.close()
     final = _save_checkpoint(out_dir / "final", cfg.total_steps, student, optimizer, cfg, d,
                              extra={"trained_steps": cfg.total_steps})
     if d.main:
+        stamp(f"{cfg.run_name} finished: {final}")
         logger.log_artifact(out_dir / "train_config.json")
         logger.log_artifact(metrics_path)
         logger.set_tags({"final_checkpoint": str(final.resolve())})
@@ -507,6 +511,37 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
     if d.world > 1:
         dist.barrier()
     return final
+
+
+class StepLog:
+    """Training progress a person can follow: a tqdm bar in a terminal; elsewhere (a rule's log
+    file, a SLURM job) one timestamped line every ``every`` steps, at phase ends and at the end."""
+
+    def __init__(self, name: str, start: int, total: int, enabled: bool, every: int):
+        self.name, self.start, self.total, self.enabled = name, start, total, enabled
+        self.every = every or max(1, (total - start) // 50)
+        self.t0 = time.perf_counter()
+        self.bar = tqdm(total=total, initial=start, desc=name, dynamic_ncols=True) \
+            if enabled and sys.stderr.isatty() else None
+
+    def step(self, row: dict, lr: float, phase_end: bool) -> None:
+        if not self.enabled:
+            return
+        loss = f"loss {row['loss']:.3g} kd {row['kd']:.3g} align {row['align']:.3g}"
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{row['phase']} {loss} alpha {row['alpha']:.2f} tok/s {row['tokens_per_s']:.0f}")
+            return
+        done = row["step"] - self.start
+        if done == 1 or phase_end or row["step"] % self.every == 0 or row["step"] == self.total:
+            left = (time.perf_counter() - self.t0) / done * (self.total - row["step"])
+            stamp(f"{self.name} step {row['step']}/{self.total} [{row['phase']}] {loss} alpha {row['alpha']:.2f} "
+                  f"lr {lr:.3g} tok/s {row['tokens_per_s']:.0f} grad_norm {row['grad_norm']:.3g} "
+                  f"left {time.strftime('%H:%M:%S', time.gmtime(left))}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _as_tuple(x):

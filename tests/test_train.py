@@ -6,6 +6,7 @@ bitwise the same weights; checkpoints are never half-written."""
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -213,6 +214,18 @@ def test_phase_by_phase_equals_one_run(setup):
     changed = [dict(p1, alpha_end=0.5), p2]
     with pytest.raises(ConfigError, match=r"init_from.*trained phases \['phase1'\] with other settings"):
         train(cfg_for(setup, "p2_stale", phases=changed, init_from=str(first)))
+
+
+def test_logs_read_line_by_line_off_a_terminal(setup, capsys):
+    """Off a terminal (a rule's log, a SLURM job) progress is timestamped lines, not one tqdm line
+    joined by carriage returns; tiny losses keep their digits; checkpoints are announced."""
+    train(cfg_for(setup, "logged", progress=True, print_every=2, checkpoint_every=3))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = [ln for ln in out.splitlines() if " step " in ln]
+    assert len(lines) >= 3 and all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ", ln) for ln in lines)
+    assert re.search(r"step 1/6 \[phase1\] loss \d\.\d+e-\d\d", out)  # ~1e-9, not 0.0000
+    assert "left " in lines[-1] and "checkpoint saved:" in out and "finished:" in out
 
 
 def test_checkpoint_from_a_different_config_is_refused(setup):
