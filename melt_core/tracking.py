@@ -7,6 +7,7 @@ store given by the caller (the workflow uses ``results/mlflow.db``).
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
@@ -134,7 +135,11 @@ class MlflowLogger(NullLogger):
         # which then overrides every later logger's store in this process
         self._client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         exp_id = experiment_id(self._client, experiment, uri)
-        all_tags = {"mlflow.runName": run_name, "git_commit": git_commit(), **(tags or {})}
+        commit = git_commit()
+        # MLflow's own columns (User, Source, Version) and our filters (stage, rule, config_hash, ...)
+        all_tags = {"mlflow.runName": run_name, "mlflow.user": getpass.getuser(),
+                    "mlflow.source.name": Path(sys.argv[0]).name or "python", "mlflow.source.type": "JOB",
+                    "mlflow.source.git.commit": commit, "git_commit": commit, **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         self.run_id = self._client.create_run(exp_id, tags=all_tags).info.run_id

@@ -100,6 +100,9 @@ def test_stage_logs_to_a_real_mlflow_server(tmp_path):
         tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
         params = {p["key"]: p["value"] for p in run["data"]["params"]}
         assert tags["rule"] == "task_data" and len(tags["config_hash"]) == 12 and tags["git_commit"]
+        # MLflow's own columns filled, and a short name (a rule without wildcards: just its name)
+        assert tags["mlflow.source.git.commit"] == tags["git_commit"] and tags["mlflow.user"]
+        assert tags["mlflow.source.name"] == "Snakefile rule task_data" and run["info"]["run_name"] == "task_data"
         assert params["task"] == "digit_sum" and params["digits"] == "6"
         assert run["info"]["status"] == "FINISHED"
     finally:

@@ -100,7 +100,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     return out
 
 
-with rule_context(sm, "report", run_name="claims") as log:
+with rule_context(sm, "report") as log:
     results = Results(sm.config, str(Path(sm.scriptdir).parent / "resources" / "paper_values.yaml"))
     rows = claims(results)
     lines = [f"# Paper claims checked against our runs ({sm.config['name']})", "",

@@ -33,8 +33,10 @@ def rule_context(snakemake, stage: str, run_name: str | None = None):
     logging.basicConfig(stream=stream, level=logging.INFO, force=True)
     torch.set_num_threads(max(1, snakemake.threads))
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
-    tags = {**spec.get("tags", {}), "rule": snakemake.rule, "config_hash": config_hash(snakemake.config)}
-    name = run_name or f"{snakemake.rule}:{','.join(f'{k}={v}' for k, v in snakemake.wildcards.items())}"
+    tags = {**spec.get("tags", {}), "rule": snakemake.rule, "config_hash": config_hash(snakemake.config),
+            "mlflow.source.name": f"Snakefile rule {snakemake.rule}"}
+    # short, distinct names: "phase elementwise phase1/phase2", "eval melt-scalar__full aime24", "gather"
+    name = run_name or " ".join([snakemake.rule, *(str(v) for _, v in snakemake.wildcards.items())])
     logger = make_logger(spec, name, tags)
     try:
         with logger:

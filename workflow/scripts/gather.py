@@ -23,7 +23,7 @@ def read_json(path):
     return json.loads(Path(path).read_text())
 
 
-with rule_context(sm, "report", run_name="gather"):
+with rule_context(sm, "report"):
     rows = []
     for path in sm.input.evals:
         r = read_json(path)

@@ -77,7 +77,7 @@ def memory_sweeps(r: Results, ax):
     ax.legend(fontsize=7)
 
 
-with rule_context(sm, "report", run_name=f"figure:{sm.wildcards.figure}"):
+with rule_context(sm, "report"):
     results = Results(sm.config, sm.params.paper)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     globals()[sm.wildcards.figure](results, ax)

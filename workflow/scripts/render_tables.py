@@ -169,7 +169,7 @@ def to_latex(df: pd.DataFrame, caption: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-with rule_context(sm, "report", run_name=f"table:{sm.wildcards.table}"):
+with rule_context(sm, "report"):
     results = Results(sm.config, sm.params.paper)
     frame, caption = globals()[sm.wildcards.table](results)
     frame.to_csv(sm.output.csv, index=False)

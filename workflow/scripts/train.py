@@ -11,6 +11,7 @@ sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
 from melt_core.launch import launch
+from melt_core.tracking import config_hash
 
 sm = snakemake
 gate, path = sm.wildcards.gate, sm.wildcards.path
@@ -25,7 +26,7 @@ train_cfg = {
     "init_from": None if first else sm.input.start,
     "teacher": sm.input.teacher,
     "out_dir": sm.params.run_dir,
-    "run_name": f"phase {gate}/{path}",
+    "run_name": f"training {gate} {path}",
     "progress": True,
     # rule train_data's mixture or the embedded task's split; the tokenizer is the teacher's own
     "data": {"sources": [{"kind": "jsonl", "path": sm.input.data, "schema": "chat"}],
@@ -39,7 +40,8 @@ if gate not in ("elementwise", "scalar"):
 with rule_context(sm, "train") as log:
     Path(sm.params.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(sm.params.run_dir) / "resolved_train_config.json").write_text(json.dumps(train_cfg, indent=2))
-    train_cfg["mlflow"] = {**sm.params.mlflow, "parent_run_id": log.run_id}
+    tags = {**sm.params.mlflow.get("tags", {}), "rule": sm.rule, "config_hash": config_hash(sm.config)}
+    train_cfg["mlflow"] = {**sm.params.mlflow, "parent_run_id": log.run_id, "tags": tags}  # the training child
     final = launch(train_cfg, sm.params.launcher)
     log.log_metrics({"done": 1})
     print(f"final checkpoint: {final}")
