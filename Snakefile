@@ -4,6 +4,9 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+report: "workflow/report/workflow.rst"  # snakemake --report results/report.html
+
+
 include: "workflow/rules/layers.smk"  # which config files: the default, or exactly those given
 include: "workflow/rules/common.smk"
 include: "workflow/rules/source.smk"

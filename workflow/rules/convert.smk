@@ -2,6 +2,7 @@
 
 
 rule convert:
+    """Ouro -> MELT: the teacher's weights plus freshly initialised gates of one variant."""
     input:
         teacher_dir(),
     output:

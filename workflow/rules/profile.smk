@@ -2,6 +2,7 @@
 
 
 rule profile_memory:
+    """Weights and KV-cache bytes of one real shape (random weights), measured off the tensors."""
     output:
         f"{OUT}/profile/memory/{{shape}}.json",
     params:
@@ -21,6 +22,7 @@ rule profile_memory:
 
 
 rule profile_speed:
+    """Decode/prefill speed, loop and window sweeps, and training throughput, side by side."""
     output:
         speed=f"{OUT}/profile/speed.json",
         sweeps=f"{OUT}/profile/sweeps.json",

@@ -3,6 +3,7 @@
 
 
 rule gather:
+    """Every eval, profile and training record gathered into tidy CSVs under summary/."""
     input:
         evals=eval_outputs(),
         profiles=profile_outputs(),
@@ -31,12 +32,14 @@ rule gather:
 
 
 rule table:
+    """One paper table (Markdown, LaTeX, CSV): ours beside the paper's numbers."""
     input:
         rules.gather.output,
     output:
         md=f"{OUT}/tables/{{table}}.md",
         tex=f"{OUT}/tables/{{table}}.tex",
-        csv=f"{OUT}/tables/{{table}}.csv",
+        csv=report(f"{OUT}/tables/{{table}}.csv", caption="../report/table.rst", category="Tables",
+                   labels={"table": "{table}"}),
     wildcard_constraints:
         table=_one_of(TABLES),
     params:
@@ -51,10 +54,12 @@ rule table:
 
 
 rule figure:
+    """One paper figure (PNG)."""
     input:
         rules.gather.output,
     output:
-        f"{OUT}/figures/{{figure}}.png",
+        report(f"{OUT}/figures/{{figure}}.png", caption="../report/figure.rst", category="Figures",
+               labels={"figure": "{figure}"}),
     wildcard_constraints:
         figure=_one_of(FIGURES),
     params:
@@ -69,12 +74,13 @@ rule figure:
 
 
 rule claims:
+    """The paper's claims, our evidence, and a verdict each (claims.md)."""
     input:
         rules.gather.output,
         tables=expand(f"{OUT}/tables/{{t}}.{{ext}}", t=TABLES, ext=["md", "tex", "csv"]),
         figures=expand(f"{OUT}/figures/{{f}}.png", f=FIGURES),
     output:
-        f"{OUT}/claims.md",
+        report(f"{OUT}/claims.md", caption="../report/claims.rst", category="Claims"),
     params:
         mlflow=mlflow_spec("report"),
     log:

@@ -4,6 +4,7 @@
 
 
 rule task_data:
+    """The embedded default's synthetic task (train/test JSONL) and its tokenizer."""
     output:
         train=f"{OUT}/data/train.jsonl",
         test=f"{OUT}/data/test.jsonl",
@@ -86,6 +87,7 @@ rule download:
 
 
 rule benchmark_data:
+    """Every lighteval benchmark's dataset fetched into the Hugging Face cache on the login node."""
     output:
         f"{OUT}/data/benchmarks.json",
     params:
