@@ -79,6 +79,7 @@ class ModelSpec:
     cache_mode: str = "default"  # Ouro: default | first-loop | last-loop
     keep_prompt: bool = False  # Ouro sharing modes: keep the prompt's per-loop cache
     prefill_chunk: int | None = None  # MELT: None = token-by-token (exact), C = chunked
+    memory_budget_gb: float | None = None  # batches sized to fit it (generate.plan_batch); None: as given
 
 
 def _kind(spec: ModelSpec) -> str:
@@ -104,6 +105,20 @@ def resolve_dtype(dtype: str | None, device: str) -> torch.dtype | None:
     if dtype in (None, "auto"):
         return torch.bfloat16 if device == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+
+
+CPU_MEMORY_BUDGET_GB = 16.0  # eval.memory_budget_gb's default off a GPU (a stated value, not measured)
+
+
+def resolve_memory_budget(setting: float | None, device: str, model) -> float:
+    """GB that weights + caches + activations may use: the setting, else on a GPU what is free now
+    plus what the loaded weights already take, else CPU_MEMORY_BUDGET_GB."""
+    if setting is not None:
+        return float(setting)
+    if device == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return (free + sum(t.numel() * t.element_size() for t in model.parameters())) / 1e9
+    return CPU_MEMORY_BUDGET_GB
 
 
 def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype | None = None):
@@ -146,8 +161,10 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
                             top_p=task.top_p, n=task.samples, seed=seed,
                             stop_token_ids=stop_token_ids(tokenizer))
     t0 = time.perf_counter()
+    budget = None if model_spec.memory_budget_gb is None else int(model_spec.memory_budget_gb * 1e9)
     outs = generate(model, prompts, params, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
-                    prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size)
+                    prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size,
+                    memory_budget_bytes=budget)
     seconds = time.perf_counter() - t0
     details, per_k = [], {k: [] for k in task.ks}
     for rec, gold, samples in zip(records, golds, outs):
@@ -178,6 +195,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
     config = melt_model_config(
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,
+        memory_budget_gb=model_spec.memory_budget_gb,
         template=task.template,
         generation_parameters=GenerationParameters(temperature=0.0 if task.greedy else task.temperature,
                                                    top_p=task.top_p))

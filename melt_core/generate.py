@@ -72,17 +72,60 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Te
     return ids, mask
 
 
+def cache_bytes_per_sequence(model, tokens: int, cache_mode: str = "default", keep_prompt: bool = False) -> int:
+    """KV-cache bytes one sequence of ``tokens`` tokens holds (the formula the cache tests verify):
+    Ouro T rows per token and layer, MELT one (plus its window), a sharing mode one (its prompt
+    T-fold with keep_prompt: bounded here by Ouro's), a dense model one per layer."""
+    cfg = model.config
+    dtype_bytes = model.lm_head.weight.element_size()
+    if hasattr(cfg, "kv_bytes"):  # Ouro / MELT
+        if cache_mode != "default" and not keep_prompt:
+            return tokens * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+        return cfg.kv_bytes(tokens, dtype_bytes)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return tokens * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * dtype_bytes
+
+
+def activation_bytes_per_sequence(model, prompt_tokens: int, prefill_chunk: int | None) -> int:
+    """A stated over-estimate of the transient memory one sequence adds beside its cache: float32
+    logits and sampling buffers over the vocabulary (x8), and one prefill chunk's hidden and MLP
+    activations (x4, float32)."""
+    cfg = model.config
+    chunk = min(prompt_tokens, prefill_chunk or prompt_tokens)
+    return 4 * (8 * cfg.vocab_size + 4 * chunk * (cfg.hidden_size + cfg.intermediate_size))
+
+
+def plan_batch(model, prompts: Sequence[Sequence[int]], params: SamplingParams, budget_bytes: int,
+               cache_mode: str = "default", keep_prompt: bool = False, prefill_chunk: int | None = None,
+               where: str = "") -> int:
+    """The most sequences of this request that fit ``budget_bytes`` beside the weights; an error
+    naming the bytes needed when not even one does."""
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    longest = max(len(p) for p in prompts)
+    per_seq = (cache_bytes_per_sequence(model, longest + params.max_new_tokens, cache_mode, keep_prompt)
+               + activation_bytes_per_sequence(model, longest, prefill_chunk))
+    fits = (budget_bytes - weights) // per_seq
+    if fits < 1:
+        raise ConfigError(
+            f"{where or 'generation'}: one sequence of {longest} prompt + {params.max_new_tokens} new tokens needs "
+            f"{per_seq / 1e9:.2f} GB of cache and activations beside {weights / 1e9:.2f} GB of weights, but the "
+            f"memory budget is {budget_bytes / 1e9:.2f} GB. Shorten max_new_tokens, use a sliding window "
+            "(convert.window) or a cache that shares rows, or raise eval.memory_budget_gb on a bigger device")
+    return int(fits)
+
+
 @torch.no_grad()
 def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
              cache_mode: str = "default", keep_prompt: bool = False,
              prefill_chunk: int | None = None, tokenizer=None, batch_size: int | None = None,
-             progress: bool = False) -> list[list[Completion]]:
+             memory_budget_bytes: int | None = None, progress: bool = False) -> list[list[Completion]]:
     """``params.n`` completions for each prompt (lists of token ids).
 
     prefill_chunk: MELT and the sharing modes default to 1 (token-by-token prefill, exact);
     an int C prefills in chunks of C tokens (fast, the training approximation), cut back
     from the prompt's end so batching does not change the chunks. Ouro's
     default cache prefills the whole prompt at once, which is exact.
+    memory_budget_bytes: size the batches so weights + caches + activations fit (plan_batch).
     """
     if any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token (prepend BOS to an empty prompt)")
@@ -90,6 +133,9 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
         raise ConfigError("stop_strings need a tokenizer to decode the completions")
     rows = [list(p) for p in prompts for _ in range(params.n)]
     batch_size = batch_size or len(rows)
+    if memory_budget_bytes is not None:  # no larger than what fits: the batch is sized from memory
+        batch_size = min(batch_size, plan_batch(model, prompts, params, memory_budget_bytes, cache_mode,
+                                                keep_prompt, prefill_chunk))
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(params.seed)
     done: list[Completion] = []
     for start in range(0, len(rows), batch_size):

@@ -78,6 +78,7 @@ class MeltModelConfig(LightevalModelConfig):
     seed: int = 0
     batch_size: int = 16
     device: str = "cpu"
+    memory_budget_gb: float | None = None  # batches no larger than what fits (generate.plan_batch)
 
 
 def melt_model_config(checkpoint: str | Path, name: str, **kw) -> MeltModelConfig:
@@ -145,7 +146,9 @@ class MeltLightevalModel(LightevalModel):
         for params, idx in groups.items():
             outs = generate(self.model, [prompts[i] for i in idx], params, cache_mode=self.config.cache_mode,
                             keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
-                            tokenizer=self._tokenizer, batch_size=self.config.batch_size)
+                            tokenizer=self._tokenizer, batch_size=self.config.batch_size,
+                            memory_budget_bytes=None if self.config.memory_budget_gb is None
+                            else int(self.config.memory_budget_gb * 1e9))
             for i, samples in zip(idx, outs):
                 responses[i] = ModelResponse(input=texts[i], input_tokens=prompts[i], text=[o.text for o in samples],
                                              output_tokens=[o.token_ids for o in samples])

@@ -112,3 +112,31 @@ def test_stop_strings_cost_linear_work_on_long_generations(ouro):
                    tokenizer=CharTok())[0][0]
     assert out.finish_reason == "stop" and out.text == text[:text.index(late)]
     assert CharTok().decode(out.token_ids).startswith(out.text)
+
+
+def test_batches_are_sized_from_memory(ouro, monkeypatch):
+    """With a budget that holds exactly k sequences beside the weights, generation runs batches of
+    at most k and gives what unbounded batches give; MELT fits about T times more sequences than
+    Ouro in the same memory on long generations; one sequence that cannot fit is an error before
+    any generation, with the bytes and the options named."""
+    import melt_core.generate as gen
+
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    weights = sum(t.numel() * t.element_size() for t in ouro.parameters())
+    per_seq = (gen.cache_bytes_per_sequence(ouro, max(map(len, PROMPTS)) + 6)
+               + gen.activation_bytes_per_sequence(ouro, max(map(len, PROMPTS)), None))
+    budget = weights + 2 * per_seq + per_seq // 2
+    assert gen.plan_batch(ouro, PROMPTS, params, budget) == 2
+    sizes = []
+    real = gen._generate_batch
+    monkeypatch.setattr(gen, "_generate_batch",
+                        lambda model, rows, *a: sizes.append(len(rows)) or real(model, rows, *a))
+    planned = generate(ouro, PROMPTS, params, memory_budget_bytes=budget)
+    assert sizes == [2, 1]
+    assert [p[0].token_ids for p in planned] == [p[0].token_ids for p in generate(ouro, PROMPTS, params)]
+    long = SamplingParams(max_new_tokens=200)
+    big = weights + 64 * gen.cache_bytes_per_sequence(ouro, 210)
+    ratio = gen.plan_batch(make_melt(ouro), [[1] * 10], long, big) / gen.plan_batch(ouro, [[1] * 10], long, big)
+    assert 3 <= ratio <= ouro.config.total_ut_steps
+    with pytest.raises(ConfigError, match=r"one sequence of 6 prompt \+ 6 new tokens needs .* GB .*memory_budget_gb"):
+        generate(ouro, PROMPTS, params, memory_budget_bytes=weights + per_seq // 2)

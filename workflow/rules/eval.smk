@@ -18,7 +18,8 @@ rule eval:
         device=config["eval"].get("device", "auto"),
         dtype=config["eval"].get("dtype", "auto"),
         seed=config["eval"].get("seed", 0),
-        batch_size=config["eval"].get("batch_size", 64),
+        batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
+        memory_budget_gb=config["eval"].get("memory_budget_gb"),
         template=config["train"]["template"],
         mlflow=lambda wc: mlflow_spec("eval", model=wc.model, task=wc.task),
     threads: 1

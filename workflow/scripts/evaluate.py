@@ -21,6 +21,7 @@ from melt_core.evaluate import (
     load_model,
     resolve_device,
     resolve_dtype,
+    resolve_memory_budget,
 )
 
 sm = snakemake
@@ -38,6 +39,8 @@ with rule_context(sm, "eval") as log:
                     "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend, "device": device,
                     "dtype": str(dtype).removeprefix("torch.")})
     model = load_model(spec, device, dtype)
+    spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
+    log.log_params({"memory_budget_gb": spec.memory_budget_gb})
     out, task_name = sm.output[0], sm.wildcards.task
     task_cfg = dict(sm.params.task)
     if "lighteval" not in task_cfg:  # a local JSONL: given, or the embedded task's split
