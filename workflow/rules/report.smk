@@ -130,3 +130,25 @@ rule resolved_config:
         "../../envs/melt.yaml"
     script:
         "../scripts/resolved_config.py"
+
+
+localrules:
+    plan,
+
+
+rule plan:
+    """The cost plan to read before submitting: tokens, peak memory and GPU-hours per job (plan.md)."""
+    output:
+        f"{OUT}/plan.md",
+    params:
+        config=config,
+        models=MODELS,
+        phase_jobs=[(g, p, config["phases"][last_phase(p)[0]]["steps"])
+                    for g, p in sorted({(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))})],
+        mlflow=mlflow_spec("report"),
+    log:
+        f"{OUT}/logs/plan.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/plan.py"
