@@ -8,6 +8,7 @@ prompts would one at a time. Sampling draws from one ``torch.Generator`` seeded 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,8 +49,16 @@ class Completion:
     text: str | None = None
 
 
-def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generator) -> Tensor:
-    """One token per row from logits (B, V): greedy, or temperature + nucleus (top-p)."""
+def sample_seed(seed: int, prompt: Sequence[int], sample: int) -> int:
+    """The random stream of one (prompt, sample): the same whatever batch, shard or memory budget
+    the sample is generated in."""
+    key = hashlib.sha256(f"{seed}|{sample}|{','.join(map(str, prompt))}".encode()).digest()
+    return int.from_bytes(key[:8], "little") & ((1 << 63) - 1)
+
+
+def sample_next(logits: Tensor, params: SamplingParams, generators: list[torch.Generator]) -> Tensor:
+    """One token per row from logits (B, V): greedy, or temperature + nucleus (top-p), each row
+    drawn from its own generator."""
     if params.greedy:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
@@ -58,7 +67,7 @@ def sample_next(logits: Tensor, params: SamplingParams, generator: torch.Generat
         outside = sorted_p.cumsum(-1) - sorted_p > params.top_p  # keep the smallest set reaching p
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g) for i, g in enumerate(generators)]).squeeze(-1)
 
 
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
@@ -136,15 +145,17 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
     if memory_budget_bytes is not None:  # no larger than what fits: the batch is sized from memory
         batch_size = min(batch_size, plan_batch(model, prompts, params, memory_budget_bytes, cache_mode,
                                                 keep_prompt, prefill_chunk))
-    generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(params.seed)
+    device = model.lm_head.weight.device
+    generators = [torch.Generator(device=device).manual_seed(sample_seed(params.seed, p, j))
+                  for p in prompts for j in range(params.n)]
     done: list[Completion] = []
     for start in range(0, len(rows), batch_size):
-        done += _generate_batch(model, rows[start:start + batch_size], params, generator,
+        done += _generate_batch(model, rows[start:start + batch_size], params, generators[start:start + batch_size],
                                 cache_mode, keep_prompt, prefill_chunk, tokenizer, progress)
     return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
 
-def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, prefill_chunk,
+def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt, prefill_chunk,
                     tokenizer, progress) -> list[Completion]:
     cfg = model.config
     device = model.lm_head.weight.device
@@ -172,7 +183,7 @@ def _generate_batch(model, prompts, params, generator, cache_mode, keep_prompt, 
     stop_window = 4 * max(map(len, params.stop_strings), default=0) + 8
     steps = tqdm(range(params.max_new_tokens), desc="decode", disable=not progress, leave=False)
     for step in steps:
-        token = sample_next(out.logits[:, -1], params, generator)
+        token = sample_next(out.logits[:, -1], params, generators)
         token = torch.where(finished, torch.full_like(token, cfg.pad_token_id or 0), token)
         generated = torch.cat((generated, token[:, None]), dim=1)
         hit = ~finished & torch.isin(token, stop_ids)

@@ -140,3 +140,16 @@ def test_batches_are_sized_from_memory(ouro, monkeypatch):
     assert 3 <= ratio <= ouro.config.total_ut_steps
     with pytest.raises(ConfigError, match=r"one sequence of 6 prompt \+ 6 new tokens needs .* GB .*memory_budget_gb"):
         generate(ouro, PROMPTS, params, memory_budget_bytes=weights + per_seq // 2)
+
+
+def test_sampled_completions_do_not_depend_on_batching(ouro):
+    """Each (prompt, sample) draws from its own seeded stream: the same samples whatever the batch
+    size (hence whatever memory budget or shard they are generated in); another seed, others."""
+    p = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9, n=3, seed=5)
+    ids = lambda r: [[s.token_ids for s in per] for per in r]  # noqa: E731
+    together = ids(generate(ouro, PROMPTS, p))
+    assert ids(generate(ouro, PROMPTS, p, batch_size=1)) == together
+    assert ids(generate(ouro, PROMPTS, p, batch_size=4)) == together
+    alone = [ids(generate(ouro, [prompt], p))[0] for prompt in PROMPTS]
+    assert alone == together
+    assert ids(generate(ouro, PROMPTS, SamplingParams(max_new_tokens=8, top_p=0.9, n=3, seed=6))) != together
