@@ -356,6 +356,23 @@ def latest_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:
     return last
 
 
+def set_aside_superseded(out_dir: Path, cfg: TrainConfig, d: Dist) -> None:
+    """A run whose settings changed retrains cleanly: the checkpoints and metrics another config
+    wrote here move to ``superseded/<their config hash>/`` (kept, never mixed with the new run's)."""
+    complete = [p for p in _checkpoints(out_dir) if (p / STATE).is_file()]
+    saved = json.loads((complete[-1] / "config.json").read_text()).get("train_config_hash") if complete else None
+    if saved is not None and saved != config_hash(_resume_key(cfg)) and d.main:
+        dest = out_dir / "superseded" / f"{saved}-{time.strftime('%Y%m%d-%H%M%S')}"
+        dest.mkdir(parents=True)
+        for name in ("checkpoints", "metrics.jsonl", "train_config.json"):
+            if (out_dir / name).exists():
+                os.replace(out_dir / name, dest / name)
+        stamp(f"{cfg.run_name}: the settings changed since the last run here; its checkpoints and metrics "
+              f"were moved to {dest}, training starts over")
+    if d.world > 1:
+        dist.barrier()
+
+
 # ------------------------------------------------------------------------ training
 def _device(cfg: TrainConfig, d: Dist) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
@@ -406,6 +423,7 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
+    set_aside_superseded(out_dir, cfg, d)
     resume = latest_checkpoint(out_dir, cfg)  # this run's own, interrupted
     handoff = phase_handoff(cfg) if resume is None and cfg.init_from else None  # the previous phase's end
     student = ck.load_pretrained(resume or handoff or cfg.student, dtype=torch.float32, device=device).train()

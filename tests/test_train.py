@@ -228,11 +228,18 @@ def test_logs_read_line_by_line_off_a_terminal(setup, capsys):
     assert "left " in lines[-1] and "checkpoint saved:" in out and "finished:" in out
 
 
-def test_checkpoint_from_a_different_config_is_refused(setup):
+def test_changed_settings_retrain_cleanly(setup):
+    """The same run directory under another config: the old run's checkpoints and metrics are set
+    aside (kept), and the new run starts from step 1 with only its own rows."""
     train(cfg_for(setup, "other", checkpoint_every=2))
     changed = cfg_for(setup, "other", checkpoint_every=2, lr_model=5e-4)
-    with pytest.raises(ConfigError, match="written by a different training config"):
-        train(changed)
+    train(changed)
+    out = setup[0] / "other"
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, 7))
+    kept = list((out / "superseded").iterdir())
+    assert len(kept) == 1 and (kept[0] / "metrics.jsonl").is_file() and (kept[0] / "checkpoints").is_dir()
+    assert json.loads((out / "train_config.json").read_text())["lr_model"] == 5e-4
 
 
 @pytest.mark.parametrize("override,pattern", [
