@@ -37,6 +37,10 @@ def test_lint_is_clean():
     (lambda c: c["ablations"].update(recipes=["full", "no_magic"]), "unknown recipe name(s) ['no_magic']"),
     (lambda c: c["ablations"].update(gates=["elementwise", "lstm"]), "'lstm' is not one of"),
     (lambda c: c["eval"]["tasks"].update(aime={"lighteval": "aime24"}), "'aime24' does not match"),
+    (lambda c: c["eval"]["tasks"]["digit_sum_sampled"].update(ks=[1, 20]),
+     "eval.tasks.digit_sum_sampled: ks [1, 20] asks pass@20 from 16 sample(s)"),
+    (lambda c: c["eval"]["tasks"].update(extra={"path": "/nonexistent/test.jsonl"}),
+     "eval.tasks.extra.path: /nonexistent/test.jsonl does not exist"),
 ])
 def test_bad_config_fails_before_any_job(tmp_path, mutate, message):
     cfg = yaml.safe_load((ROOT / "config/default.yaml").read_text())

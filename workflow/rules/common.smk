@@ -1,6 +1,6 @@
 # Helpers shared by the rules: config validation, the list of runs and models, output paths.
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from snakemake.utils import validate
 
@@ -39,7 +39,23 @@ def _check_names():
                              f"defined phases are {list(config['phases'])}")
 
 
+def _check_tasks():
+    """Eval task settings that would otherwise fail inside an eval job, after other jobs ran."""
+    problems = []
+    for name, spec in config["eval"]["tasks"].items():
+        samples, ks = spec.get("samples", 1), spec.get("ks", [1])
+        if max(ks) > samples:
+            problems.append(f"eval.tasks.{name}: ks {ks} asks pass@{max(ks)} from {samples} sample(s) per "
+                            f"question; set samples >= {max(ks)} or drop the larger k")
+        for key in ("path", "data_dir"):
+            if spec.get(key) and not Path(spec[key]).exists():
+                problems.append(f"eval.tasks.{name}.{key}: {spec[key]} does not exist (build or fetch it first)")
+    if problems:
+        raise ValueError("config: " + "\n".join(problems))
+
+
 _check_names()
+_check_tasks()
 
 
 def training_runs():
