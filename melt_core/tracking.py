@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -139,7 +140,7 @@ class MlflowLogger(NullLogger):
         # MLflow's own columns (User, Source, Version) and our filters (stage, rule, config_hash, ...)
         all_tags = {"mlflow.runName": run_name, "mlflow.user": getpass.getuser(),
                     "mlflow.source.name": Path(sys.argv[0]).name or "python", "mlflow.source.type": "JOB",
-                    "mlflow.source.git.commit": commit, "git_commit": commit, **(tags or {})}
+                    "mlflow.source.git.commit": commit, "git_commit": commit, **process_tags(), **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         self.run_id = self._client.create_run(exp_id, tags=all_tags).info.run_id
@@ -168,6 +169,52 @@ class MlflowLogger(NullLogger):
         if self.run_id:
             self._client.set_terminated(self.run_id, status)
             self.run_id = None
+
+
+def process_tags() -> dict[str, str]:
+    """Where a run's process lives, so a later invocation can tell a dead run from a live one."""
+    tags = {"host": socket.gethostname(), "pid": str(os.getpid())}
+    if os.environ.get("SLURM_JOB_ID"):
+        tags["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+    return tags
+
+
+def _alive(tags: dict[str, str]) -> bool | None:
+    """Whether the process behind a run still runs: its SLURM job in squeue, or its pid on this
+    host; None when that cannot be told from here (another host, no squeue)."""
+    if tags.get("slurm_job_id"):
+        try:
+            out = subprocess.run(["squeue", "-h", "-j", tags["slurm_job_id"]], capture_output=True, text=True,
+                                 timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return bool(out.stdout.strip()) if out.returncode == 0 else False
+    if tags.get("host") == socket.gethostname() and tags.get("pid", "").isdigit():
+        try:
+            os.kill(int(tags["pid"]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return None
+
+
+def mark_dead_runs(tracking_uri: str | None, experiment: str) -> list[str]:
+    """Runs left RUNNING by a killed job (kill -9, a lost node) are marked KILLED, when their
+    process is known to be gone; runs of live or unknown processes are left alone."""
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=resolve_uri(tracking_uri))
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    killed = []
+    for run in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'", max_results=5000):
+        if _alive(run.data.tags) is False:
+            client.set_terminated(run.info.run_id, "KILLED")
+            killed.append(run.info.run_id)
+    return killed
 
 
 class BestEffortLogger(NullLogger):

@@ -65,3 +65,24 @@ def test_a_tracking_failure_is_loud_but_not_fatal(tmp_path, capsys):
     logger.close()
     err = capsys.readouterr().err
     assert err.count("WARNING: MLflow connect failed, continuing without it") == 1
+
+
+def test_runs_of_killed_processes_are_marked_killed(tmp_path):
+    """kill -9 leaves a run RUNNING; the next invocation marks it KILLED once its process is gone,
+    and leaves the runs of live processes alone."""
+    import subprocess
+    import sys
+
+    from melt_core.tracking import mark_dead_runs
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    ensure_store(uri, "melt-dead")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = MlflowLogger("melt-dead", "live", uri)
+    gone = MlflowLogger("melt-dead", "gone", uri, tags={"pid": str(dead.pid)})
+    assert mark_dead_runs(uri, "melt-dead") == [gone.run_id]
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    assert client.get_run(gone.run_id).info.status == "KILLED"
+    assert client.get_run(live.run_id).info.status == "RUNNING"
+    live.close()

@@ -215,7 +215,10 @@ def train_records():
 def init_tracking():
     """Create the MLflow store once, before jobs that log to it start in parallel."""
     if config["mlflow"].get("enabled", True):
-        from melt_core.tracking import ensure_store
+        from melt_core.tracking import ensure_store, mark_dead_runs
 
         ensure_store(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
+        dead = mark_dead_runs(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
+        if dead:
+            print(f"MLflow: {len(dead)} run(s) left RUNNING by killed jobs marked KILLED")
 
