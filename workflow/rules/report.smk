@@ -54,12 +54,13 @@ rule table:
 
 
 rule figure:
-    """One paper figure (PNG)."""
+    """One paper figure (PNG, and PDF beside it)."""
     input:
         rules.gather.output,
     output:
-        report(f"{OUT}/figures/{{figure}}.png", caption="../report/figure.rst", category="Figures",
-               labels={"figure": "{figure}"}),
+        png=report(f"{OUT}/figures/{{figure}}.png", caption="../report/figure.rst", category="Figures",
+                   labels={"figure": "{figure}"}),
+        pdf=f"{OUT}/figures/{{figure}}.pdf",
     wildcard_constraints:
         figure=_one_of(FIGURES),
     params:

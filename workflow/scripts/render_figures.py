@@ -19,48 +19,86 @@ from report_common import Results
 sm = snakemake
 
 
+STYLES = [(c, ls) for ls in ("-", "--", ":", "-.") for c in plt.get_cmap("tab10").colors]  # 40 distinct
+
+
+def run_label(run: str) -> str:
+    return run.replace("__", " / ")  # elementwise__full -> "elementwise / full"
+
+
 def figure1_pareto(r: Results, ax):
+    """Each point its own marker and legend entry (no text labels to overprint); the paper's points
+    only when our stand-in is the paper's own benchmark (one quantity on the y-axis)."""
     kv = r.memory.set_index("shape")["kv_mb_per_token_measured"]
-    points = [("Ouro", "ouro", kv.get("ouro-1.4b")), ("MELT", r.main_model, kv.get("melt-1.6b"))]
-    points += [(f"Ouro {v} (untrained)", f"ouro-{v}", kv.get("melt-1.6b")) for v in r.config["baselines"]["sharing"]]
-    for label, model, mem in points:
+    points = [("Ouro (per-loop cache)", "ouro", kv.get("ouro-1.4b")), ("MELT (main run)", r.main_model,
+                                                                         kv.get("melt-1.6b"))]
+    points += [(f"Ouro, {v} sharing (untrained)", f"ouro-{v}", kv.get("melt-1.6b"))
+               for v in r.config["baselines"]["sharing"]]
+    markers = "osD^v<>p"
+    for i, (label, model, mem) in enumerate(points):
         acc = r.score(model, "MATH-500")
         if acc is not None and mem is not None:
-            ax.scatter(mem, acc, s=60)
-            ax.annotate(label, (mem, acc), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    kv_paper, acc_paper = r.paper["table2_memory"], r.paper["table1_main"].get("MATH-500", {})
-    pts = [(kv_paper.get(shape, {}).get("kv_mb_per_token"), acc_paper.get(model))
-           for shape, model in (("ouro-1.4b", "ouro"), ("melt-1.6b", "melt"), ("qwen3-1.7b-shape", "qwen3"))]
-    pts = [(x, y) for x, y in pts if x is not None and y is not None]  # what this paper version reports
-    if pts:
-        ax.scatter(*zip(*pts), marker="x", c="gray", label=f"paper {r.version} (MATH-500)")
+            ax.scatter(mem, acc, s=60, marker=markers[i % len(markers)], color=STYLES[i][0], label=label,
+                       alpha=0.8, zorder=3)
+    stand_in = r.columns.get("MATH-500", "")
+    if stand_in.startswith("math500/"):
+        kv_paper, acc_paper = r.paper["table2_memory"], r.paper["table1_main"].get("MATH-500", {})
+        for j, (shape, model, name) in enumerate((("ouro-1.4b", "ouro", "Ouro"), ("melt-1.6b", "melt", "MELT"),
+                                                  ("qwen3-1.7b-shape", "qwen3", "Qwen3-1.7B"))):
+            x, y = kv_paper.get(shape, {}).get("kv_mb_per_token"), acc_paper.get(model)
+            if x is not None and y is not None:
+                ax.scatter(x, y, marker="x", s=70, color=STYLES[len(points) + j][0], label=f"{name}, paper {r.version}")
+        title = "Accuracy vs KV memory (Figure 1): ours and the paper's"
+    else:
+        title = f"Accuracy vs KV memory (Figure 1); ours on the stand-in {stand_in} (paper points omitted)"
     ax.set_xlabel("KV cache MB per token (bf16, real 1.4B/1.6B shapes)")
-    ax.set_ylabel(f"accuracy % ({r.columns.get('MATH-500')})")
-    ax.set_title("Accuracy vs KV memory (Figure 1)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel(f"accuracy % ({stand_in or 'MATH-500'})")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 def training_curves(r: Results, ax):
-    for run, df in r.curves.groupby("run"):
-        ax.plot(df.step, df.loss, label=run, lw=1)
+    """KD (solid) and alignment (dashed) per run on one log axis, a colour per run, the main run's
+    phase boundaries as vertical lines, integer steps."""
+    from matplotlib.ticker import MaxNLocator
+
+    for i, (run, df) in enumerate(r.curves.groupby("run")):
+        colour = STYLES[i % 10][0]
+        ax.plot(df["step"], df["kd"].clip(lower=1e-12), color=colour, lw=1.2, label=f"{run_label(run)}: KD")
+        if (df["align"] > 0).any():
+            ax.plot(df["step"], df["align"].where(df["align"] > 0), color=colour, lw=1, ls="--",
+                    label=f"{run_label(run)}: alignment")
+    main = r.curves[r.curves["run"] == r.main_model.removeprefix("melt-")]
+    for step in main["step"][main["phase"] != main["phase"].shift()].iloc[1:]:
+        ax.axvline(step - 0.5, color="gray", lw=0.8, ls=":")
     ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (KD + beta * alignment)")
-    ax.set_title("Training curves (alpha 0 -> 1 in Phase 1, then Phase 2)")
-    ax.legend(fontsize=6, ncol=2)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step (dotted: phase boundaries of the main run)")
+    ax.set_ylabel("loss term")
+    ax.set_title("Training curves: KD (solid) and alignment (dashed)", fontsize=10)
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 def gate_values(r: Results, ax):
-    if r.gates.empty:
-        ax.text(0.5, 0.5, "no gate with a z", ha="center")
+    """Learned gates only (EMA's z is a constant, not learned): a colour per run, a line style per
+    layer, integer loops."""
+    from matplotlib.ticker import MaxNLocator
+
+    learned = r.gates[r.gates.gate.isin(["elementwise", "scalar"])]
+    if learned.empty:
+        ax.text(0.5, 0.5, "no learned gate in this run", ha="center")
         return
-    for (run, layer), df in r.gates.groupby(["run", "layer"]):
-        ax.plot(df.loop, df.mean_z, marker="o", label=f"{run} L{layer}", lw=1)
+    runs = list(dict.fromkeys(learned.run))
+    styles = ("-", "--", ":", "-.")
+    for (run, layer), df in learned.groupby(["run", "layer"]):
+        ax.plot(df.loop, df.mean_z, marker="o", lw=1, color=STYLES[runs.index(run) % 10][0],
+                ls=styles[int(layer) % len(styles)], label=f"{run_label(run)}, layer {layer}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("loop t")
     ax.set_ylabel("mean z (share of h_prev kept)")
     ax.set_ylim(0, 1)
-    ax.set_title("Learned gate values per layer and loop")
-    ax.legend(fontsize=6, ncol=2)
+    ax.set_title("Learned gate values per layer and loop", fontsize=10)
+    ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 def memory_sweeps(r: Results, ax):
@@ -71,6 +109,9 @@ def memory_sweeps(r: Results, ax):
     wins = r.sweeps["windows"]
     ax.plot([4] * len(wins), [w["kv_mb_per_token"] for w in wins], "s", label="melt T=4, W = " +
             ", ".join(str(w["W"]) for w in wins) + f" at {r.sweeps['context']} tokens")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("loops T")
     ax.set_ylabel("measured KV MB per token (1.6B shape, bf16)")
     ax.set_title("MELT's cache is flat in T; Ouro's grows linearly")
@@ -79,7 +120,8 @@ def memory_sweeps(r: Results, ax):
 
 with rule_context(sm, "report"):
     results = Results(sm.config, sm.params.paper)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     globals()[sm.wildcards.figure](results, ax)
     fig.tight_layout()
-    fig.savefig(sm.output[0], dpi=120)
+    fig.savefig(sm.output.png, dpi=120)
+    fig.savefig(sm.output.pdf)  # vector, for the paper-style copy

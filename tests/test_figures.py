@@ -1,0 +1,91 @@
+"""Protects the figures against the defects a reviewer rejects, where a program can see them:
+series that share colour and line style, labels that overprint, a paper point on an axis that
+holds another quantity, fractional ticks for counts, a constant drawn as a learned gate."""
+
+import sys
+import types
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+
+
+@pytest.fixture(scope="module")
+def figures():
+    """workflow/scripts/render_figures.py's functions, without its rule body."""
+    src = (ROOT / "workflow/scripts/render_figures.py").read_text().split("with rule_context(sm")[0]
+    mod = types.ModuleType("render_figures")
+    mod.snakemake = types.SimpleNamespace(scriptdir=str(ROOT / "workflow/scripts"))
+    exec(compile(src, "render_figures.py", "exec"), mod.__dict__)  # noqa: S102 - our own module
+    return mod
+
+
+def results(stand_in="digit_sum/pass@1"):
+    runs = ["elementwise__full", "scalar__full", "mean__full", "ema__full", "last__full", "elementwise__no_align"]
+    curves = pd.DataFrame([{"run": r, "step": s, "kd": 0.1 / s, "align": 0.01 if s > 3 else 0.0,
+                            "phase": "phase1" if s <= 3 else "phase2"} for r in runs for s in range(1, 6)])
+    gates = pd.DataFrame([{"run": r, "gate": r.split("__")[0], "layer": layer, "loop": t, "mean_z": 0.5}
+                          for r in runs for layer in range(2) for t in range(1, 5)])
+    scores = {"ouro": 90.0, "melt-elementwise__full": 85.0}
+    return types.SimpleNamespace(
+        memory=pd.DataFrame({"shape": ["ouro-1.4b", "melt-1.6b"], "kv_mb_per_token_measured": [0.786, 0.197]}),
+        score=lambda model, col: scores.get(model, 0.0), columns={"MATH-500": stand_in},
+        config={"baselines": {"sharing": ["first-loop", "first-loop+prompt", "last-loop", "last-loop+prompt"]}},
+        paper={"table2_memory": {"ouro-1.4b": {"kv_mb_per_token": 0.786}, "melt-1.6b": {"kv_mb_per_token": 0.197},
+                                 "qwen3-1.7b-shape": {"kv_mb_per_token": 0.115}},
+               "table1_main": {"MATH-500": {"ouro": 94.4, "melt": 93.4, "qwen3": 90.6}}},
+        version="v2", main_model="melt-elementwise__full", curves=curves, gates=gates)
+
+
+def draw(figures, name, r):
+    fig, ax = plt.subplots()
+    getattr(figures, name)(r, ax)
+    return fig, ax
+
+
+def distinct_styles(ax):
+    styles = [(line.get_color(), line.get_linestyle()) for line in ax.get_lines()
+              if not line.get_label().startswith("_")]
+    return len(styles) == len(set(styles))
+
+
+def test_pareto_has_no_overprinting_labels_and_one_quantity_per_axis(figures):
+    fig, ax = draw(figures, "figure1_pareto", results())
+    assert not ax.texts  # a legend entry per point, no annotations that stack at one x
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == len(set(labels)) == 6 and not any("paper" in t for t in labels)  # stand-in: no paper points
+    keys = [(tuple(c.get_facecolor()[0]), c.get_paths()[0].vertices.tobytes()) for c in ax.collections]
+    assert len(keys) == len(set(keys))
+    plt.close(fig)
+    fig, ax = draw(figures, "figure1_pareto", results("math500/pass@1"))
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"Ouro, paper v2", "MELT, paper v2", "Qwen3-1.7B, paper v2"} <= set(labels)  # labelled paper points
+    plt.close(fig)
+
+
+def test_training_curves_distinct_series_integer_steps_and_phase_boundaries(figures):
+    fig, ax = draw(figures, "training_curves", results())
+    assert distinct_styles(ax)
+    assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator)
+    assert ax.xaxis.get_major_locator()._integer
+    boundaries = [line for line in ax.get_lines() if line.get_label().startswith("_") and line.get_xdata()[0] == 3.5]
+    assert boundaries  # the main run's Phase 1 -> Phase 2 boundary
+    assert any("alignment" in t.get_text() for t in ax.get_legend().get_texts())  # loss terms, not only the total
+    plt.close(fig)
+
+
+def test_gate_values_learned_gates_only_in_distinct_styles(figures):
+    fig, ax = draw(figures, "gate_values", results())
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert not any(label.startswith(("ema", "mean", "last")) for label in labels)  # constants are not learned gates
+    assert len(labels) == 3 * 2 and distinct_styles(ax)  # elementwise x2 runs, scalar: 3 runs x 2 layers
+    assert ax.xaxis.get_major_locator()._integer
+    plt.close(fig)
