@@ -2,6 +2,7 @@
 reported value beside ours and the difference."""
 
 import math
+import re
 import sys
 
 import pandas as pd
@@ -24,7 +25,7 @@ def table1_main(r: Results) -> tuple[pd.DataFrame, str]:
         row = {"benchmark": bench, "ours stands in": r.columns.get(bench, "not measured")}
         for label, key in (("Ouro", "ouro"), ("MELT", "melt"), ("Qwen3-1.7B", "qwen3")):
             row |= {f"{label} paper {v}": paper.get(key), f"{label} ours": ours[label],
-                    f"{label} diff": diff(ours[label], paper.get(key))}
+                    f"{label} diff": None if r.stand_in(bench) else diff(ours[label], paper.get(key))}
         rows.append(row)
     return pd.DataFrame(rows), f"Table 1: main results (percent; paper {v}). {r.note}"
 
@@ -48,12 +49,16 @@ def table2_memory(r: Results) -> tuple[pd.DataFrame, str]:
 
 
 def bench_columns(r: Results, model: str, paper: dict, benches) -> dict:
-    """paper / ours / difference for each benchmark column."""
+    """paper / ours / difference for each benchmark column; where our number is a stand-in (another
+    task), the header names it and there is no difference (it would subtract unlike things)."""
     out = {}
     for bench in benches:
-        ours = r.score(model, bench)
-        out |= {f"{bench} paper": paper.get(bench), f"{bench} ours": ours,
-                f"{bench} diff": diff(ours, paper.get(bench))}
+        ours, stand_in = r.score(model, bench), r.stand_in(bench)
+        if stand_in:
+            out |= {f"{bench} paper {r.version}": paper.get(bench), f"{bench} ours ({stand_in})": ours}
+        else:
+            out |= {f"{bench} paper {r.version}": paper.get(bench), f"{bench} ours": ours,
+                    f"{bench} diff": diff(ours, paper.get(bench))}
     return out
 
 
@@ -88,8 +93,9 @@ def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
              "AIME24 ours": r.score("ouro", "AIME24")}]
     for variant, paper in r.paper["table5_sharing"].items():
         ours = r.score(f"ouro-{variant}", "MATH-500")
-        rows.append({"variant": variant, "paper (all math)": paper, "MATH-500 ours": ours,
-                     "MATH-500 diff": diff(ours, paper), "AIME24 ours": r.score(f"ouro-{variant}", "AIME24")})
+        rows.append({"variant": variant, f"paper {r.version} (all math)": paper, "MATH-500 ours": ours,
+                     "MATH-500 diff": None if r.stand_in("MATH-500") else diff(ours, paper),
+                     "AIME24 ours": r.score(f"ouro-{variant}", "AIME24")})
     return pd.DataFrame(rows), f"Table 5: untrained KV sharing on plain Ouro weights (percent). {r.note}"
 
 
@@ -120,36 +126,47 @@ def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:
     base = paper.get("ouro", {}).get("decode_tok_s")
     df["decode ratio to Ouro (paper)"] = [paper[m]["decode_tok_s"] / base if base and m in paper else None
                                           for m in df.model]
-    return df, ("Table 10 (the paper's v3 only): batch-1 speed. Ours: on this machine's CPU, a CPU-sized shape "
-                "with Ouro's proportions "
-                "(cpu-mid) and the real shapes at a short context; the paper: H100 at the real shape. "
-                "Compare the ratios, not the absolute rates.")
+    return df, ("Table 10 (the paper's v3 only): batch-1 speed. Ours: on this machine's CPU, the "
+                f"{r.config['profile']['speed_shape']} shape and the real shapes at a short context; the paper: "
+                "H100 at the real shape. Compare the ratios, not the absolute rates.")
 
 
 def table11_train_throughput(r: Results) -> tuple[pd.DataFrame, str]:
     df = r.train_throughput.copy()
     paper = r.paper["table11_train_throughput"]
-    df["paper tok/s"] = [paper.get("ouro-parallel") if m == "ouro-parallel" else paper.get("melt-chunked")
-                         for m in df.model]
-    df["paper ratio"] = [None if t is None or not paper.get("ouro-parallel") else t / paper["ouro-parallel"]
-                         for t in df["paper tok/s"]]
+    # the paper measured one chunk size (C = 500): its row stands alone, not repeated beside each of ours
+    df["paper tok/s"] = [paper.get("ouro-parallel") if m == "ouro-parallel" else None for m in df.model]
+    if paper.get("melt-chunked") and paper.get("ouro-parallel"):
+        df = pd.concat([df, pd.DataFrame([{"model": "melt-C500 (paper)", "chunk": 500,
+                                           "paper tok/s": paper["melt-chunked"]}])], ignore_index=True)
+    base = paper.get("ouro-parallel")
+    df["paper ratio"] = [None if t is None or pd.isna(t) or not base else t / base for t in df["paper tok/s"]]
     return df, ("Table 11 (the paper's v3 only): training tokens/s, chunk-wise MELT (chunk C) vs parallel Ouro "
                 "distillation, same shape, "
                 "sequence and batch, measured side by side.")
 
 
-def fmt(v):
+def decimals(column: str) -> int:
+    """One format per column, by what it holds (percent unless the header says otherwise)."""
+    for key, n in (("MB/token", 6), ("ratio", 2), ("tok/s", 1), ("GB", 2), (" s ", 3), ("TTFT", 3),
+                   ("batch", 0), ("context", 0), ("tokens", 0)):
+        if key in column:
+            return n
+    return 1
+
+
+def fmt(v, column: str = ""):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, float):
-        return f"{v:.6g}" if abs(v) < 1 else f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}"
+        return f"{v:.{decimals(column)}f}"
     return str(v)
 
 
 def to_markdown(df: pd.DataFrame, caption: str) -> str:
     head = "| " + " | ".join(df.columns) + " |"
     sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    body = ["| " + " | ".join(fmt(v, c) for v, c in zip(row, df.columns)) + " |" for row in df.itertuples(index=False)]
     return f"{caption}\n\n" + "\n".join([head, sep, *body]) + "\n"
 
 
@@ -162,9 +179,11 @@ def tex_escape(s: str) -> str:
 
 def to_latex(df: pd.DataFrame, caption: str) -> str:
     cols = "l" + "r" * (len(df.columns) - 1)
+    caption = re.sub(r"^Tables? [\d/]+(?: \([^)]*\))?: ", "", caption)  # LaTeX numbers the table itself
     lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{tex_escape(caption)}}}", rf"\begin{{tabular}}{{{cols}}}",
              r"\toprule", " & ".join(tex_escape(str(c)) for c in df.columns) + r" \\", r"\midrule"]
-    lines += [" & ".join(tex_escape(fmt(v)) for v in row) + r" \\" for row in df.itertuples(index=False)]
+    lines += [" & ".join(tex_escape(fmt(v, c)) for v, c in zip(row, df.columns)) + r" \\"
+              for row in df.itertuples(index=False)]
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 

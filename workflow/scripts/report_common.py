@@ -2,6 +2,7 @@
 and how our (task, metric) columns stand in for the paper's benchmarks."""
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -51,6 +52,15 @@ class Results:
             return None
         details = json.loads(path.read_text())["details"]
         return [100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details]
+
+    def stand_in(self, paper_column: str) -> str | None:
+        """The task/metric that stands in for a paper benchmark when it is not that benchmark itself
+        (the embedded task), else None: a difference to the paper's number only means something then."""
+        spec = self.columns.get(paper_column)
+        if spec is None:
+            return None
+        squash = lambda text: re.sub(r"[^a-z0-9]", "", text.lower())  # noqa: E731
+        return None if squash(spec.split("/")[0]) == squash(paper_column) else spec
 
     def run_model(self, gate: str, recipe: str) -> str:
         return f"melt-{gate}__{recipe}"
