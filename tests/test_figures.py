@@ -89,3 +89,28 @@ def test_gate_values_learned_gates_only_in_distinct_styles(figures):
     assert len(labels) == 3 * 2 and distinct_styles(ax)  # elementwise x2 runs, scalar: 3 runs x 2 layers
     assert ax.xaxis.get_major_locator()._integer
     plt.close(fig)
+
+
+@pytest.fixture(scope="module")
+def tables():
+    src = (ROOT / "workflow/scripts/render_tables.py").read_text().split("with rule_context(sm")[0]
+    mod = types.ModuleType("render_tables")
+    mod.snakemake = types.SimpleNamespace(scriptdir=str(ROOT / "workflow/scripts"))
+    exec(compile(src, "render_tables.py", "exec"), mod.__dict__)  # noqa: S102 - our own module
+    return mod
+
+
+def test_tables_name_stand_ins_and_format_by_column(tables):
+    from report_common import Results
+
+    r = object.__new__(Results)
+    r.columns, r.version = {"MATH-500": "digit_sum/pass@1", "AIME24": "aime24/pass@1"}, "v2"
+    r.score = lambda model, bench: 12.5
+    assert r.stand_in("MATH-500") == "digit_sum/pass@1" and r.stand_in("AIME24") is None
+    cols = tables.bench_columns(r, "m", {"MATH-500": 93.4, "AIME24": 46.7}, ("MATH-500", "AIME24"))
+    assert "MATH-500 diff" not in cols and cols["MATH-500 ours (digit_sum/pass@1)"] == 12.5  # no unlike subtraction
+    assert cols["AIME24 diff"] == pytest.approx(12.5 - 46.7)
+    df = pd.DataFrame([{"model": "a", "KV MB/token ours": 0.196608, "acc ours": 27.272443, "decode tok/s": 1.166}])
+    assert tables.to_markdown(df, "Table 2: x").splitlines()[-1] == "| a | 0.196608 | 27.3 | 1.2 |"
+    latex = tables.to_latex(df, "Table 2/3 (v3 only): memory")
+    assert r"\caption{memory}" in latex  # LaTeX numbers the table itself
