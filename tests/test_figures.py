@@ -18,14 +18,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 
 
+def script_functions(name: str) -> types.ModuleType:
+    """A rule script's functions (workflow/scripts/<name>.py), without its rule body."""
+    src = (ROOT / f"workflow/scripts/{name}.py").read_text().split("with rule_context(sm")[0]
+    mod = types.ModuleType(name)
+    mod.snakemake = types.SimpleNamespace(scriptdir=str(ROOT / "workflow/scripts"))
+    exec(compile(src, f"{name}.py", "exec"), mod.__dict__)  # noqa: S102 - our own module
+    return mod
+
+
 @pytest.fixture(scope="module")
 def figures():
-    """workflow/scripts/render_figures.py's functions, without its rule body."""
-    src = (ROOT / "workflow/scripts/render_figures.py").read_text().split("with rule_context(sm")[0]
-    mod = types.ModuleType("render_figures")
-    mod.snakemake = types.SimpleNamespace(scriptdir=str(ROOT / "workflow/scripts"))
-    exec(compile(src, "render_figures.py", "exec"), mod.__dict__)  # noqa: S102 - our own module
-    return mod
+    return script_functions("render_figures")
 
 
 def results(stand_in="digit_sum/pass@1"):
@@ -93,11 +97,7 @@ def test_gate_values_learned_gates_only_in_distinct_styles(figures):
 
 @pytest.fixture(scope="module")
 def tables():
-    src = (ROOT / "workflow/scripts/render_tables.py").read_text().split("with rule_context(sm")[0]
-    mod = types.ModuleType("render_tables")
-    mod.snakemake = types.SimpleNamespace(scriptdir=str(ROOT / "workflow/scripts"))
-    exec(compile(src, "render_tables.py", "exec"), mod.__dict__)  # noqa: S102 - our own module
-    return mod
+    return script_functions("render_tables")
 
 
 def test_tables_name_stand_ins_and_format_by_column(tables):
