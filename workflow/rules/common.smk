@@ -189,6 +189,26 @@ def mlflow_spec(stage, **tags):
     return spec
 
 
+def eval_task_settings(task):
+    """A task's eval settings as the eval job reads them; a local JSONL task without a path reads
+    the embedded task's split."""
+    spec = dict(config["eval"]["tasks"][task])
+    if "lighteval" not in spec:
+        split = spec.pop("split", "test")
+        spec.setdefault("path", f"{OUT}/data/{split}.jsonl")
+    return spec
+
+
+REPORT_SETTINGS = ("outdir", "name", "paper_version", "report", "main_run", "ablations", "baselines")
+
+
+def report_settings():
+    """The config the gather/table/figure/claims scripts read, passed as a rule param so a change
+    to any of it reruns them (a script never reads snakemake.config: tests/test_rule_params.py)."""
+    return {**{k: config[k] for k in REPORT_SETTINGS},
+            "speed_shape": config["profile"]["speed_shape"], "template": config["train"]["template"]}
+
+
 def eval_inputs(model):
     """A model's checkpoint, the embedded task's data, and the fetched benchmark data."""
     inputs = {"model": model_checkpoint(model)}

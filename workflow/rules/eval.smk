@@ -12,7 +12,7 @@ rule eval:
     output:
         f"{OUT}/eval/{{model}}/{{task}}.json",
     params:
-        task=lambda wc: config["eval"]["tasks"][wc.task],  # as params: a changed setting reruns it
+        task=lambda wc: eval_task_settings(wc.task),  # as params: a changed setting reruns it
         prefill_chunk=config["eval"].get("prefill_chunk"),
         backend=config["eval"].get("backend", "lighteval"),
         device=config["eval"].get("device", "auto"),

@@ -1,6 +1,8 @@
 # Stage 8: gather every result into tidy tables, then render the paper's tables, figures and
 # the claims check. Each table and figure is a target of its own (see README).
 
+PAPER_VALUES = "workflow/resources/paper_values.yaml"  # an input: a corrected paper number rerenders
+
 
 rule gather:
     """Every eval, profile and training record gathered into tidy CSVs under summary/."""
@@ -22,6 +24,7 @@ rule gather:
                   "phases": [f"{OUT}/runs/{r.split('__')[0]}/{p}" for p in path_prefixes(recipe_path(r.split("__")[1]))]}
               for r in RUNS},
         main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
+        settings=report_settings(),
         mlflow=mlflow_spec("report"),
     log:
         f"{OUT}/logs/gather.log",
@@ -35,6 +38,7 @@ rule table:
     """One paper table (Markdown, LaTeX, CSV): ours beside the paper's numbers."""
     input:
         rules.gather.output,
+        paper=PAPER_VALUES,
     output:
         md=f"{OUT}/tables/{{table}}.md",
         tex=f"{OUT}/tables/{{table}}.tex",
@@ -43,7 +47,7 @@ rule table:
     wildcard_constraints:
         table=_one_of(TABLES),
     params:
-        paper="workflow/resources/paper_values.yaml",
+        settings=report_settings(),
         mlflow=lambda wc: mlflow_spec("report", table=wc.table),
     log:
         f"{OUT}/logs/table-{{table}}.log",
@@ -57,6 +61,7 @@ rule figure:
     """One paper figure (PNG, and PDF beside it)."""
     input:
         rules.gather.output,
+        paper=PAPER_VALUES,
     output:
         png=report(f"{OUT}/figures/{{figure}}.png", caption="../report/figure.rst", category="Figures",
                    labels={"figure": "{figure}"}),
@@ -64,7 +69,7 @@ rule figure:
     wildcard_constraints:
         figure=_one_of(FIGURES),
     params:
-        paper="workflow/resources/paper_values.yaml",
+        settings=report_settings(),
         mlflow=lambda wc: mlflow_spec("report", figure=wc.figure),
     log:
         f"{OUT}/logs/figure-{{figure}}.log",
@@ -78,11 +83,13 @@ rule claims:
     """The paper's claims, our evidence, and a verdict each (claims.md)."""
     input:
         rules.gather.output,
+        paper=PAPER_VALUES,
         tables=expand(f"{OUT}/tables/{{t}}.{{ext}}", t=TABLES, ext=["md", "tex", "csv"]),
         figures=expand(f"{OUT}/figures/{{f}}.png", f=FIGURES),
     output:
         report(f"{OUT}/claims.md", caption="../report/claims.rst", category="Claims"),
     params:
+        settings=report_settings(),
         mlflow=mlflow_spec("report"),
     log:
         f"{OUT}/logs/claims.log",

@@ -90,7 +90,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     else:
         sp = r.speed[r.speed.context == r.speed.context.min()].set_index("model")["decode_tok_s"]
         melt_s, ouro_s = sp.get("melt"), sp.get("ouro")
-        where = f"{r.config['profile']['speed_shape']} shape, context {r.speed.context.min()}"
+        where = f"{r.config['speed_shape']} shape, context {r.speed.context.min()}"
     if melt_s is not None and ouro_s is not None:
         out.append(("MELT decodes slower than Ouro at batch 1 (v3 Table 10: 8.5 vs 13.5 tok/s, 0.63x)",
                     f"{where}, this CPU: MELT {melt_s:.2f} vs Ouro {ouro_s:.2f} tok/s, {melt_s / ouro_s:.2f}x",
@@ -109,9 +109,9 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
 
 
 with rule_context(sm, "report") as log:
-    results = Results(sm.config, str(Path(sm.scriptdir).parent / "resources" / "paper_values.yaml"))
+    results = Results(sm.params.settings, sm.input.paper)
     rows = claims(results)
-    lines = [f"# Paper claims checked against our runs ({sm.config['name']})", "",
+    lines = [f"# Paper claims checked against our runs ({sm.params.settings['name']})", "",
              f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
              "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
     lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]

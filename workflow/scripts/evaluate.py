@@ -8,7 +8,6 @@ Tasks: a local JSONL (`path`, or the embedded task's `split`) or lighteval's own
 """
 
 import sys
-from pathlib import Path
 
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
@@ -43,9 +42,6 @@ with rule_context(sm, "eval") as log:
     log.log_params({"memory_budget_gb": spec.memory_budget_gb})
     out, task_name = sm.output[0], sm.wildcards.task
     task_cfg = dict(sm.params.task)
-    if "lighteval" not in task_cfg:  # a local JSONL: given, or the embedded task's split
-        split = task_cfg.pop("split", "test")
-        task_cfg.setdefault("path", str(Path(sm.config["outdir"]) / "data" / f"{split}.jsonl"))
     task = TaskSpec(name=task_name, template=sm.params.template, **task_cfg)
     log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
     result = run(spec, task, out, seed=sm.params.seed, batch_size=sm.params.batch_size, logger=log,

@@ -16,7 +16,8 @@ from melt_core.data import load_tokenizer, prompt_ids, read_jsonl
 from melt_core.gate import mean_retention
 
 sm = snakemake
-OUT = Path(sm.config["outdir"])
+SETTINGS = sm.params.settings
+OUT = Path(SETTINGS["outdir"])
 
 
 def read_json(path):
@@ -57,13 +58,13 @@ with rule_context(sm, "report"):
     gate_rows = []
     if test is not None:
         candidates = [(run, Path(where["final"])) for run, where in sm.params.runs.items()]
-        candidates.append(("untrained", OUT / "checkpoints" / f"melt-init-{sm.config['main_run']['gate']}"))
+        candidates.append(("untrained", OUT / "checkpoints" / f"melt-init-{SETTINGS['main_run']['gate']}"))
         for run, path in candidates:
             model = load_pretrained(path)
             if model.config.gate not in ("elementwise", "scalar", "ema"):
                 continue
             tok = load_tokenizer(path)
-            ids = [prompt_ids(r, tok, sm.config["train"]["template"]) for r in test]
+            ids = [prompt_ids(r, tok, SETTINGS["template"]) for r in test]
             width = min(map(len, ids))
             z = mean_retention(model, torch.tensor([i[:width] for i in ids]))
             for layer in range(z.shape[0]):

@@ -119,7 +119,7 @@ def memory_sweeps(r: Results, ax):
 
 
 with rule_context(sm, "report"):
-    results = Results(sm.config, sm.params.paper)
+    results = Results(sm.params.settings, sm.input.paper)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     globals()[sm.wildcards.figure](results, ax)
     fig.tight_layout()

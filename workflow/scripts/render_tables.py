@@ -127,7 +127,7 @@ def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:
     df["decode ratio to Ouro (paper)"] = [paper[m]["decode_tok_s"] / base if base and m in paper else None
                                           for m in df.model]
     return df, ("Table 10 (the paper's v3 only): batch-1 speed. Ours: on this machine's CPU, the "
-                f"{r.config['profile']['speed_shape']} shape and the real shapes at a short context; the paper: "
+                f"{r.config['speed_shape']} shape and the real shapes at a short context; the paper: "
                 "H100 at the real shape. Compare the ratios, not the absolute rates.")
 
 
@@ -189,7 +189,7 @@ def to_latex(df: pd.DataFrame, caption: str) -> str:
 
 
 with rule_context(sm, "report"):
-    results = Results(sm.config, sm.params.paper)
+    results = Results(sm.params.settings, sm.input.paper)
     frame, caption = globals()[sm.wildcards.table](results)
     frame.to_csv(sm.output.csv, index=False)
     with open(sm.output.md, "w") as fh:
