@@ -23,6 +23,10 @@ Storage comes in two kinds (``RowStore``): a preallocated buffer for inference
 formula) and a growing list for training (autograd-safe, nothing written in place).
 
 Masks are boolean, True = may attend, shaped (B, 1, Q, K), built once per chunk.
+
+Early exit (melt_core/early_exit.py): while ``rows`` is set, only those batch rows are written and
+read (the others have stopped looping for this token); ``exit_rows`` is what a cache does for rows
+that stop, and ``end_chunk`` then closes the step for every row.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .config import ConfigError
 
 KV = tuple[Tensor, Tensor]  # (k, v), each (B, H_kv, rows, D)
 
@@ -53,9 +59,12 @@ class RowStore:
         self._parts: list[KV] = []  # list mode
         self._joined: KV | None = None
 
-    def _write(self, rows: KV) -> int:
-        """Buffer mode: copy rows into slots [length, length + C); returns the end slot."""
+    def _write(self, rows: KV, batch: Tensor | None = None) -> int:
+        """Buffer mode: copy rows into slots [length, length + C) (of batch rows ``batch`` only,
+        when given); returns the end slot."""
         end = self.length + rows[0].shape[-2]
+        if self._buf is None and batch is not None:
+            raise RuntimeError("a store is first written for the whole batch (prefill), not a subset of rows")
         if self._buf is None:
             self._buf = tuple(
                 torch.empty((*r.shape[:-2], self.capacity, r.shape[-1]), dtype=r.dtype, device=r.device)
@@ -65,14 +74,22 @@ class RowStore:
                 f"KV cache capacity {self.capacity} tokens exceeded (needs {end}); create the "
                 "cache with capacity >= prompt length + max_new_tokens")
         for buf, r in zip(self._buf, rows):
-            buf[..., self.length:end, :] = r
+            if batch is None:
+                buf[..., self.length:end, :] = r
+            else:
+                buf[batch, :, self.length:end, :] = r
         return end
 
-    def read(self, staged: KV | None = None) -> KV:
-        """Committed rows followed by ``staged`` rows (which are not committed)."""
+    def read(self, staged: KV | None = None, batch: Tensor | None = None) -> KV:
+        """Committed rows followed by ``staged`` rows (which are not committed); of the batch rows
+        ``batch`` only, when given (buffer mode)."""
         if self.capacity is not None:
-            end = self._write(staged) if staged is not None else self.length
+            end = self._write(staged, batch) if staged is not None else self.length
+            if batch is not None:
+                return tuple(b[:, :, :end].index_select(0, batch) for b in self._buf)
             return tuple(b[..., :end, :] for b in self._buf)
+        if batch is not None:
+            raise RuntimeError("reading a subset of rows needs a preallocated cache (capacity)")
         if self._joined is None and self._parts:
             self._joined = self._parts[0] if len(self._parts) == 1 else tuple(
                 torch.cat(x, dim=-2) for x in zip(*self._parts))
@@ -82,9 +99,9 @@ class RowStore:
             return staged
         return tuple(torch.cat((j, s), dim=-2) for j, s in zip(self._joined, staged))
 
-    def append(self, rows: KV) -> None:
+    def append(self, rows: KV, batch: Tensor | None = None) -> None:
         if self.capacity is not None:
-            self.length = self._write(rows)
+            self.length = self._write(rows, batch)
             return
         self._parts.append(rows)
         self._joined = None
@@ -115,6 +132,8 @@ class KVCache:
         self.valid: Tensor | None = None  # (B, seen) False at left-padding slots
         self._chunk_valid: Tensor | None = None
         self._masks: dict[str, Tensor | None] = {}
+        self.rows: Tensor | None = None  # early exit: the batch rows still looping (None = all)
+        self._exited = False  # some rows stopped early in this chunk
 
     # ----------------------------------------------------------------- chunk life
     def begin_chunk(self, chunk_len: int, valid: Tensor | None) -> None:
@@ -124,6 +143,10 @@ class KVCache:
         self._masks = {}
 
     def end_chunk(self) -> None:
+        if self._exited:  # every store closes this step for every row, looped to the end or not
+            for store in self._stores():
+                store.length = self.seen + self._chunk_len
+            self._exited = False
         if self._chunk_valid is not None or self.valid is not None:
             ref = self._chunk_valid if self._chunk_valid is not None else self.valid
             past = self.valid if self.valid is not None else _ones(ref.shape[0], self.seen, ref)
@@ -134,6 +157,25 @@ class KVCache:
 
     def end_prompt(self) -> None:
         """Generation calls this after prefill; only caches that treat the prompt apart care."""
+
+    # ---------------------------------------------------------------- early exit
+    def check_exits(self) -> None:
+        """Raise unless this cache can let rows stop early (before a decode step with exits)."""
+        if self.capacity is None:
+            raise RuntimeError("early exit needs a preallocated cache (new_cache(capacity=...))")
+
+    def exit_rows(self, rows: Tensor, loop: int) -> None:
+        """Batch ``rows`` stopped after ``loop`` (0-based) of this step's token."""
+        self._exited = True
+
+    def _stores(self) -> list[RowStore]:
+        raise NotImplementedError
+
+    def _rows_of(self, mask: Tensor | None) -> Tensor | None:
+        """A per-batch mask cut to the rows still looping."""
+        if self.rows is None or mask is None or mask.shape[0] == 1:
+            return mask
+        return mask.index_select(0, self.rows)
 
     # ------------------------------------------------------------------- masking
     def _mask(self, first_slot: int, window: int = 0, chunk_causal: bool = True) -> Tensor | None:
@@ -198,9 +240,23 @@ class LoopKVCache(KVCache):
 
     def read(self, layer, loop, kv, base=None, alpha=1.0):
         store = self.stores[loop * self.N + layer]
-        store.append(kv)
-        k, v = store.read()
-        return [Block(k, v, self._mask(0))]
+        store.append(kv, self.rows)
+        k, v = store.read(batch=self.rows)
+        return [Block(k, v, self._rows_of(self._mask(0)))]
+
+    def exit_rows(self, rows, loop):
+        """Later tokens read loop-t' rows this token never computed: its last computed loop's K/V
+        is copied forward into the deeper loops' slots."""
+        super().exit_rows(rows, loop)
+        slot = self.seen  # decode steps are one token
+        for layer in range(self.N):
+            src = self.stores[loop * self.N + layer]._buf
+            for deeper in range(loop + 1, self.T):
+                for dst, s in zip(self.stores[deeper * self.N + layer]._buf, src):
+                    dst[rows, :, slot] = s[rows, :, slot]
+
+    def _stores(self):
+        return self.stores
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in self.stores)
@@ -250,10 +306,10 @@ class SharedKVCache(KVCache):
             self.pending[layer] = kv
         cur = self.pending[layer]
         first = self.prompt_len  # slot of the first shared row
-        keys = self.final[layer].read(staged=cur)  # past final rows, then this chunk's rows
+        keys = self.final[layer].read(staged=cur, batch=self.rows)  # past final rows, then this chunk's
         if alpha < 1.0:
             keys = self._interpolate(layer, loop, keys, base, alpha)
-        blocks = [Block(*keys, self._mask(first, self.window))]
+        blocks = [Block(*keys, self._rows_of(self._mask(first, self.window)))]
         recent = self.recent[layer][loop]
         if recent is not None:
             rk, rv, slots = recent
@@ -296,8 +352,20 @@ class SharedKVCache(KVCache):
                                slots[-self.window:])
             self.recent[layer][loop] = (k, v, slots)
         if loop == self.T - 1:
-            self.final[layer].append(tuple(keep(t) for t in cur))
+            self.final[layer].append(tuple(keep(t) for t in cur), self.rows)
             self.pending[layer] = None
+
+    def check_exits(self):
+        """A stopped token keeps the row its slot holds, its current memory's (h_t for MELT), so
+        exit_rows has nothing to copy. True of one row overwritten every loop; the window's
+        per-loop rows, first-loop sharing and a per-loop prompt are not done."""
+        super().check_exits()
+        if self.window or not self.write_every_loop or self.prompt is not None or self.base is not None:
+            raise ConfigError("early exit is implemented for MELT's cache and Ouro's (and last-loop sharing), "
+                              "not with a sliding window, first-loop sharing, a kept prompt or alpha < 1")
+
+    def _stores(self):
+        return self.final
 
     def _window_mask(self, slots: Tensor) -> Tensor:
         key = "window"

@@ -25,6 +25,7 @@ from .checkpoint import CheckpointError, load_pretrained
 from .config import ConfigError
 from .data import DataError, load_tokenizer, prompt_ids, read_jsonl, stop_token_ids
 from .dense import DenseLM, checkpoint_kind
+from .early_exit import ExitRule
 from .generate import SamplingParams, generate
 from .metrics import extract_answer, pass_at_k
 from .tracking import NullLogger, stamp
@@ -59,6 +60,7 @@ class TaskSpec:
     stop: list[str] | None = None
     select: dict[str, Any] | None = None
     allow_code_execution: bool = False  # HumanEval+: scoring runs the model's code (in the sandbox)
+    exit: dict[str, Any] | None = None  # early-exit rule for this task, over the model's (ExitRule)
     unsafe_no_sandbox: bool = False  # run it without isolation where bubblewrap is missing (don't)
 
     def __post_init__(self):
@@ -80,6 +82,12 @@ class ModelSpec:
     keep_prompt: bool = False  # Ouro sharing modes: keep the prompt's per-loop cache
     prefill_chunk: int | None = None  # MELT: None = token-by-token (exact), C = chunked
     memory_budget_gb: float | None = None  # batches sized to fit it (generate.plan_batch); None: as given
+    exit: dict[str, Any] | None = None  # early-exit rule (melt_core/early_exit.py); None: every loop
+
+
+def exit_rule(model_spec: ModelSpec, task: TaskSpec) -> ExitRule:
+    """The model's exit rule with the task's settings over it."""
+    return ExitRule.from_dict({**(model_spec.exit or {}), **(task.exit or {})})
 
 
 def _kind(spec: ModelSpec) -> str:
@@ -164,7 +172,7 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
     budget = None if model_spec.memory_budget_gb is None else int(model_spec.memory_budget_gb * 1e9)
     outs = generate(model, prompts, params, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
                     prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size,
-                    memory_budget_bytes=budget)
+                    memory_budget_bytes=budget, exit_rule=_exits(model, model_spec, task))
     seconds = time.perf_counter() - t0
     details, per_k = [], {k: [] for k in task.ks}
     for rec, gold, samples in zip(records, golds, outs):
@@ -173,7 +181,8 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
         for k in task.ks:
             per_k[k].append(pass_at_k(len(correct), sum(correct), k))
         details.append({"prompt": _question(rec), "gold": gold, "completions": texts,
-                        "correct": correct, "generated_tokens": [len(s.token_ids) for s in samples]})
+                        "correct": correct, "generated_tokens": [len(s.token_ids) for s in samples],
+                        "loops": [sum(s.loops or []) for s in samples]})
     metrics = {f"pass@{k}": sum(v) / len(v) for k, v in per_k.items()}
     return _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend="native")
 
@@ -196,7 +205,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,
         memory_budget_gb=model_spec.memory_budget_gb,
-        template=task.template,
+        template=task.template, exit=_exits(model, model_spec, task) and exit_rule(model_spec, task).as_dict(),
         generation_parameters=GenerationParameters(temperature=0.0 if task.greedy else task.temperature,
                                                    top_p=task.top_p))
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,6 +227,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
                                   custom_tasks=tasks_module(configs), max_samples=limit, model=model)
         pipeline.evaluate()
         seconds = time.perf_counter() - t0
+        loops = pipeline.model.loops  # prompt text -> loops run per sample
         logged = pipeline.evaluation_tracker.details_logger.details
         shutil.rmtree(Path(tmp) / "lighteval", ignore_errors=True)
     by_name = {f"{c.name}|0": c for c in configs}  # lighteval keys details by "<task>|<few-shots>"
@@ -230,12 +240,20 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
             details.append({"task": cfg.name, "prompt": row.doc.query, "gold": row.doc.get_golds()[0],
                             "completions": texts, "correct": [sample_correct(cfg, row.doc, t) for t in scored],
                             "generated_tokens": [len(t) for t in row.model_response.output_tokens],
+                            "loops": loops.get(row.model_response.input, [0] * len(texts)),
                             "scores": {k: float(v) for k, v in row.metric.items()}})
     if records is not None:  # the JSONL's order, as the native backend writes it
         order = {_question(r): i for i, r in enumerate(records)}
         details.sort(key=lambda d: order[d["prompt"]])
     metrics = {f"pass@{k}": float(np.mean([d["scores"][f"pass@{k}"] for d in details])) for k in task.ks}
     return _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend="lighteval")
+
+
+def _exits(model, model_spec: ModelSpec, task: TaskSpec) -> ExitRule | None:
+    """The exit rule where it can stop a token early (a dense model has one loop: never); with the
+    model not loaded yet, the rule as set (generate() decides)."""
+    rule = exit_rule(model_spec, task)
+    return rule if model is None or rule.stops_early(model.num_loops) else None
 
 
 def _question(record: dict) -> str:
@@ -245,9 +263,11 @@ def _question(record: dict) -> str:
 def _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend) -> dict[str, Any]:
     stamp(f"eval {model_spec.name} {task.name}: {len(details)} questions x {task.samples} samples in "
           f"{seconds:.1f} s: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items()))
+    tokens = sum(sum(d.get("generated_tokens", [])) for d in details)
+    loops = sum(sum(d.get("loops", [])) for d in details)
     result = {"model": asdict(model_spec), "task": asdict(task), "seed": seed, "backend": backend,
-              "metrics": metrics, "n_questions": len(details),
-              "generated_tokens": sum(sum(d.get("generated_tokens", [])) for d in details),
+              "metrics": metrics, "n_questions": len(details), "generated_tokens": tokens,
+              "mean_loops": loops / tokens if tokens else None,  # loops per generated token
               "seconds": seconds, "details": details}
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)

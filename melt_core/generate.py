@@ -17,6 +17,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .config import ConfigError
+from .early_exit import ExitRule, decode_step
 from .model import LoopedLM
 
 
@@ -47,6 +48,7 @@ class Completion:
     token_ids: list[int]
     finish_reason: str  # "stop" or "length"
     text: str | None = None
+    loops: list[int] | None = None  # per token: the loops run for the step that produced it
 
 
 def sample_seed(seed: int, prompt: Sequence[int], sample: int) -> int:
@@ -127,7 +129,8 @@ def plan_batch(model, prompts: Sequence[Sequence[int]], params: SamplingParams, 
 def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: SamplingParams, *,
              cache_mode: str = "default", keep_prompt: bool = False,
              prefill_chunk: int | None = None, tokenizer=None, batch_size: int | None = None,
-             memory_budget_bytes: int | None = None, progress: bool = False) -> list[list[Completion]]:
+             memory_budget_bytes: int | None = None, progress: bool = False,
+             exit_rule: ExitRule | None = None) -> list[list[Completion]]:
     """``params.n`` completions for each prompt (lists of token ids).
 
     prefill_chunk: MELT and the sharing modes default to 1 (token-by-token prefill, exact);
@@ -135,6 +138,8 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
     from the prompt's end so batching does not change the chunks. Ouro's
     default cache prefills the whole prompt at once, which is exact.
     memory_budget_bytes: size the batches so weights + caches + activations fit (plan_batch).
+    exit_rule: stop each decoded token's loops early (melt_core/early_exit.py); the prompt runs
+    every loop. Each completion's ``loops`` says how many loops each of its tokens took.
     """
     if any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token (prepend BOS to an empty prompt)")
@@ -151,12 +156,12 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
     done: list[Completion] = []
     for start in range(0, len(rows), batch_size):
         done += _generate_batch(model, rows[start:start + batch_size], params, generators[start:start + batch_size],
-                                cache_mode, keep_prompt, prefill_chunk, tokenizer, progress)
+                                cache_mode, keep_prompt, prefill_chunk, tokenizer, progress, exit_rule)
     return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
 
 def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt, prefill_chunk,
-                    tokenizer, progress) -> list[Completion]:
+                    tokenizer, progress, exit_rule) -> list[Completion]:
     cfg = model.config
     device = model.lm_head.weight.device
     longest = max(len(p) for p in prompts)
@@ -167,11 +172,20 @@ def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt,
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = model.new_cache(capacity=longest + params.max_new_tokens, mode=cache_mode,
                             keep_prompt=keep_prompt)
+    exits = exit_rule is not None and exit_rule.stops_early(model.num_loops)
+    if exits:
+        try:
+            cache.check_exits()  # before any work
+        except RuntimeError as err:
+            raise ConfigError(f"early exit with cache mode {cache_mode!r}: {err}") from None
     if prefill_chunk is None and (cfg.is_melt or cache_mode != "default") and not keep_prompt:
         prefill_chunk = 1
     out = model(ids, cache=cache, positions=positions, attention_mask=mask,
                 chunk_size=prefill_chunk, align_chunks_to_end=True, logits="last")
     cache.end_prompt()
+    logits = out.logits[:, -1]
+    step_loops = torch.full((len(prompts),), model.num_loops, dtype=torch.long, device=device)
+    loops = []  # per step: (B,) loops behind that step's token
     next_pos = positions[:, -1:] + 1
     stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
     generated = torch.empty((len(prompts), 0), dtype=torch.long, device=device)
@@ -183,7 +197,8 @@ def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt,
     stop_window = 4 * max(map(len, params.stop_strings), default=0) + 8
     steps = tqdm(range(params.max_new_tokens), desc="decode", disable=not progress, leave=False)
     for step in steps:
-        token = sample_next(out.logits[:, -1], params, generators)
+        token = sample_next(logits, params, generators)
+        loops.append(step_loops)
         token = torch.where(finished, torch.full_like(token, cfg.pad_token_id or 0), token)
         generated = torch.cat((generated, token[:, None]), dim=1)
         hit = ~finished & torch.isin(token, stop_ids)
@@ -199,8 +214,12 @@ def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt,
                     finished[row], reasons[row], texts[row] = True, "stop", text[:cut]
         if bool(finished.all()) or step == params.max_new_tokens - 1:
             break
-        out = model(token[:, None], cache=cache, positions=next_pos, logits="last")
+        if exits:
+            logits, step_loops = decode_step(model, token[:, None], cache, next_pos, exit_rule)
+        else:
+            logits = model(token[:, None], cache=cache, positions=next_pos, logits="last").logits[:, -1]
         next_pos = next_pos + 1
+    loops = torch.stack(loops, dim=1).tolist()  # (B, steps)
     completions = []
     for row in range(len(prompts)):
         tokens = generated[row].tolist()
@@ -211,7 +230,7 @@ def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt,
             tokens = _trim_to_text(tokens, texts[row], tokenizer)
         text = texts[row] if texts[row] is not None else (
             tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None)
-        completions.append(Completion(tokens, reasons[row], text))
+        completions.append(Completion(tokens, reasons[row], text, loops[row][:len(tokens)]))
     return completions
 
 

@@ -48,6 +48,7 @@ from lighteval.utils.cache_management import SampleCache
 from .checkpoint import CheckpointError
 from .config import ConfigError
 from .data import load_tokenizer, prompt_text, stop_token_ids
+from .early_exit import ExitRule
 from .evaluate import ModelSpec, load_model
 from .generate import SamplingParams, generate
 
@@ -79,6 +80,7 @@ class MeltModelConfig(LightevalModelConfig):
     batch_size: int = 16
     device: str = "cpu"
     memory_budget_gb: float | None = None  # batches no larger than what fits (generate.plan_batch)
+    exit: dict | None = None  # early-exit rule (melt_core.early_exit.ExitRule); None: every loop
 
 
 def melt_model_config(checkpoint: str | Path, name: str, **kw) -> MeltModelConfig:
@@ -94,6 +96,7 @@ class MeltLightevalModel(LightevalModel):
                                                                 device=config.device)
         self._tokenizer = load_tokenizer(config.checkpoint)
         self._cache = SampleCache(config)  # the pipeline expects one; greedy_until never reads it
+        self.loops: dict[str, list[int]] = {}  # prompt text -> loops run for each sample's tokens
 
     @property
     def tokenizer(self):
@@ -148,8 +151,10 @@ class MeltLightevalModel(LightevalModel):
                             keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
                             tokenizer=self._tokenizer, batch_size=self.config.batch_size,
                             memory_budget_bytes=None if self.config.memory_budget_gb is None
-                            else int(self.config.memory_budget_gb * 1e9))
+                            else int(self.config.memory_budget_gb * 1e9),
+                            exit_rule=None if self.config.exit is None else ExitRule.from_dict(self.config.exit))
             for i, samples in zip(idx, outs):
+                self.loops[texts[i]] = [sum(o.loops or []) for o in samples]
                 responses[i] = ModelResponse(input=texts[i], input_tokens=prompts[i], text=[o.text for o in samples],
                                              output_tokens=[o.token_ids for o in samples])
         return responses

@@ -38,6 +38,23 @@ def test_lighteval_route_equals_native(setup):
     assert int(xxhash.VERSION.split(".")[0]) < 4  # xxhash 4 breaks lighteval's detail logging
 
 
+def test_early_exit_set_per_task_is_scored_and_counted_by_both_routes(setup):
+    """A task's exit rule over the model's: both routes generate with it, agree, and record the
+    loops each token ran (a forced exit after loop 1 for every decoded token)."""
+    root, paths, _, student = setup
+    spec = ModelSpec("melt", str(student), exit={"q": 1.0})
+    task = TaskSpec(name="column_add", path=str(paths["test"]), greedy=True, samples=1, ks=[1], max_new_tokens=8,
+                    limit=6, exit={"exit_at_loop": 1})
+    native = evaluate(spec, task, root / "exit-native.json")
+    routed = evaluate_lighteval(spec, task, root / "exit-le.json")
+    assert [d["completions"] for d in routed["details"]] == [d["completions"] for d in native["details"]]
+    T, tokens = 3, native["generated_tokens"]
+    first = sum(len(d["generated_tokens"]) for d in native["details"])  # each first token: the prompt's T loops
+    assert native["mean_loops"] == routed["mean_loops"] == pytest.approx((first * T + tokens - first) / tokens)
+    full = evaluate(spec, TaskSpec(**{**task.__dict__, "exit": None}), root / "full.json")
+    assert full["mean_loops"] == T
+
+
 def model(path, **gen):
     cfg = melt_model_config(path, "m", generation_parameters=GenerationParameters(**gen), seed=gen.pop("seed", 0))
     return MeltLightevalModel(cfg)

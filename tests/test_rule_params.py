@@ -28,7 +28,8 @@ for configfiles in ([], [Path("config/paper.yaml")]):
         for r in wf._workflow.rules:
             if not r.script:
                 continue
-            names = lambda files: None if any(getattr(f, 'is_callable', lambda: False)() for f in files) else sorted(files._names)
+            def names(files):  # None where a function builds them (unpack): known per job only
+                return None if any(f.is_callable() for f in files) else sorted(files._names)
             entry = rules.setdefault(r.name, {"script": r.script, "params": [], "input": [], "output": []})
             entry["params"] = sorted(set(entry["params"]) | set(r.params._names))
             for kind in ("input", "output"):

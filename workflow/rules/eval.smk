@@ -21,6 +21,7 @@ rule eval:
         batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
         memory_budget_gb=config["eval"].get("memory_budget_gb"),
         template=config["train"]["template"],
+        exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
         mlflow=lambda wc: mlflow_spec("eval", model=wc.model, task=wc.task),
     threads: 1
     log:

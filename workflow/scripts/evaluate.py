@@ -25,7 +25,8 @@ from melt_core.evaluate import (
 
 sm = snakemake
 model_id = sm.wildcards.model
-spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk)
+spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk,
+                 exit=sm.params.exit)
 if model_id.startswith("ouro-"):
     mode = model_id.removeprefix("ouro-")
     spec.cache_mode, spec.keep_prompt = mode.removesuffix("+prompt"), mode.endswith("+prompt")

@@ -1,0 +1,151 @@
+"""Real early exit: a token stops looping when its exit rule says so, and the loops it skips are
+never computed (Ouro's released code and vLLM run every loop and only pick which loop's logits to
+use; METHOD.md section 1, the paper's appendix F.2).
+
+Exit rules (``ExitRule``), checked after each loop t = 1..T of a decoded token:
+    q              Ouro's Q-exit: stop at the first loop whose cumulative exit probability
+                   sum_{s<=t} p_s reaches q (p from early_exit_gate, ``model.exit_distribution``);
+                   q >= 1 never stops early (Ouro's shipped threshold 1.0).
+    exit_at_loop   every token stops after this loop (a fixed depth; None = off).
+    min_loops      no token stops before this many loops.
+The last loop always stops. Logits come from the loop a token stopped at.
+
+What later tokens read for an exited token (the cache semantics):
+    MELT   a token keeps one K/V row, projected from its latent memory h. A token that stops
+           after loop t leaves h_t's row: exactly what the architecture defines, nothing copied.
+    Ouro   later tokens read loop-t' rows that an exited token never computed. We copy its last
+           computed loop's K/V forward into the deeper loops' slots (the choice some engines
+           make); ``LoopKVCache.exit_rows``.
+The untrained last-loop sharing baseline behaves as MELT (one row, overwritten per loop).
+
+Where it applies: decoding, one token per row per step (``decode_step``; generate() uses it when
+a rule is set). A prompt is prefilled through all T loops (Ouro prefills it in parallel, where
+per-token exits would save nothing), so both models are compared on the same footing. In a
+batch, the rows still looping are gathered and only they are computed at the next loop.
+
+``exit_gate_loss`` is Ouro's Stage-II adaptive-exit objective, used to train the exit gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ConfigError
+from .model import LoopStep, rope_tables
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    q: float = 1.0
+    exit_at_loop: int | None = None
+    min_loops: int = 1
+
+    def __post_init__(self):
+        if not 0.0 < self.q <= 1.0:
+            raise ConfigError(f"exit rule: q must lie in (0, 1] (1 = never exit early), got {self.q}")
+        if self.exit_at_loop is not None and (isinstance(self.exit_at_loop, bool) or self.exit_at_loop < 1):
+            raise ConfigError(f"exit rule: exit_at_loop must be a loop number >= 1 or null, got {self.exit_at_loop}")
+        if isinstance(self.min_loops, bool) or self.min_loops < 1:
+            raise ConfigError(f"exit rule: min_loops must be >= 1, got {self.min_loops}")
+
+    @classmethod
+    def from_dict(cls, spec: dict | None) -> ExitRule:
+        spec = dict(spec or {})
+        unknown = set(spec) - {"q", "exit_at_loop", "min_loops"}
+        if unknown:
+            raise ConfigError(f"exit rule: unknown setting(s) {sorted(unknown)}; known: q, exit_at_loop, min_loops")
+        return cls(**spec)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def label(self) -> str:
+        parts = [f"exit at loop {self.exit_at_loop}"] if self.exit_at_loop is not None else []
+        parts += [f"q={self.q:g}"] if self.q < 1 else []
+        parts += [f"min {self.min_loops}"] if self.min_loops > 1 else []
+        return ", ".join(parts) or "all loops"
+
+    def stops_early(self, num_loops: int) -> bool:
+        """Whether any token can stop before the last of ``num_loops`` loops."""
+        if self.min_loops >= num_loops:
+            return False
+        return self.q < 1.0 or (self.exit_at_loop is not None and self.exit_at_loop < num_loops)
+
+    def exits(self, loop: int, cdf: Tensor, rows: Tensor) -> Tensor:
+        """Which still-looping rows stop after ``loop`` (1-based): cdf (R,) their cumulative exit
+        probability so far, rows (R,) their indices in the batch (rules that depend on the row,
+        as tests use, may read it)."""
+        stop = torch.zeros_like(cdf, dtype=torch.bool)
+        if loop < self.min_loops:
+            return stop
+        if self.exit_at_loop is not None and loop >= self.exit_at_loop:
+            return ~stop
+        return cdf >= self.q if self.q < 1.0 else stop
+
+
+@torch.no_grad()
+def decode_step(model, token: Tensor, cache, positions: Tensor, rule: ExitRule) -> tuple[Tensor, Tensor]:
+    """One decoding step of ``token`` (B, 1) at ``positions`` (B, 1) after what ``cache`` holds.
+    Returns (logits (B, V) of each row's exit loop, loops (B,) how many loops each row ran)."""
+    cfg = model.config
+    B, T, N = token.shape[0], model.num_loops, cfg.num_hidden_layers
+    if token.shape[1] != 1:
+        raise ConfigError(f"decode_step takes one token per row, got {token.shape[1]}")
+    cache.check_exits()
+    x = model.model.embed_tokens(token)
+    cos, sin = rope_tables(positions, model.inv_freq, x.dtype)
+    rows = torch.arange(B, device=token.device)  # batch indices of the rows still looping
+    memory: list[Tensor | None] = [None] * N
+    remaining = torch.ones(B, device=token.device)  # exit-probability mass not yet spent
+    cdf = torch.zeros(B, device=token.device)
+    logits = torch.empty(B, model.lm_head.out_features, dtype=x.dtype, device=token.device)
+    loops = torch.full((B,), T, dtype=torch.long, device=token.device)
+    cache.begin_chunk(1, None)
+    for t in range(T):
+        cache.rows = None if len(rows) == B else rows
+        step = LoopStep(cache, cos, sin, 1.0, memory)
+        for layer_idx, layer in enumerate(model.model.layers):
+            x = layer(x, step, layer_idx, t)
+        x = model.model.norm(x)
+        lam = torch.sigmoid(model.model.early_exit_gate(x)[:, -1, 0].float())
+        cdf = cdf + (remaining if t == T - 1 else lam * remaining)
+        remaining = remaining * (1 - lam)
+        stop = torch.ones_like(cdf, dtype=torch.bool) if t == T - 1 else rule.exits(t + 1, cdf, rows)
+        if not bool(stop.any()):
+            continue
+        logits[rows[stop]] = model.lm_head(x[stop, -1])
+        loops[rows[stop]] = t + 1
+        if t < T - 1:
+            cache.exit_rows(rows[stop], t)
+        keep = ~stop
+        if not bool(keep.any()):
+            break
+        rows, x, cos, sin, remaining, cdf = rows[keep], x[keep], cos[keep], sin[keep], remaining[keep], cdf[keep]
+        memory = [m[keep] if m is not None else None for m in step.memory]
+    cache.rows = None
+    cache.end_chunk()
+    return logits, loops
+
+
+def exit_gate_loss(per_loop_logits: Tensor, exit_logits: Tensor, targets: Tensor, mask: Tensor,
+                   slope: float = 50.0, threshold: float = 0.005) -> Tensor:
+    """Ouro's Stage-II adaptive-exit objective, as we read the Ouro paper: after loop t a token
+    should go on when the next loop still lowers its loss. With I_t = max(0, CE_t - CE_{t+1})
+    (detached) the target continuation is w_t = sigmoid(slope * (I_t - threshold)), and the gate
+    lambda_t (the probability of stopping) is fit by binary cross-entropy to 1 - w_t.
+
+    per_loop_logits (T, B, L, V), exit_logits (T, B, L), targets (B, L), mask (B, L) 1 where the
+    token is scored. Only loops 1..T-1 have a decision to learn."""
+    T = per_loop_logits.shape[0]
+    with torch.no_grad():
+        ce = torch.stack([F.cross_entropy(per_loop_logits[t].flatten(0, 1).float(), targets.flatten(),
+                                          reduction="none").view_as(targets) for t in range(T)])
+        gain = (ce[:-1] - ce[1:]).clamp(min=0)
+        go_on = torch.sigmoid(slope * (gain - threshold))
+    bce = F.binary_cross_entropy_with_logits(exit_logits[:-1].float(), 1 - go_on, reduction="none")
+    weight = mask[None].float().expand_as(bce)
+    return (bce * weight).sum() / weight.sum().clamp(min=1)
