@@ -29,7 +29,7 @@ for configfiles in ([], [Path("config/paper.yaml")]):
             if not r.script:
                 continue
             def names(files):  # None where a function builds them (unpack): known per job only
-                return None if any(f.is_callable() for f in files) else sorted(files._names)
+                return None if any(callable(f) or f.is_callable() for f in files) else sorted(files._names)
             entry = rules.setdefault(r.name, {"script": r.script, "params": [], "input": [], "output": []})
             entry["params"] = sorted(set(entry["params"]) | set(r.params._names))
             for kind in ("input", "output"):
