@@ -13,6 +13,7 @@ include: "workflow/rules/source.smk"
 include: "workflow/rules/convert.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"
+include: "workflow/rules/early_exit.smk"
 include: "workflow/rules/profile.smk"
 include: "workflow/rules/report.smk"
 

@@ -149,3 +149,34 @@ def exit_gate_loss(per_loop_logits: Tensor, exit_logits: Tensor, targets: Tensor
     bce = F.binary_cross_entropy_with_logits(exit_logits[:-1].float(), 1 - go_on, reduction="none")
     weight = mask[None].float().expand_as(bce)
     return (bce * weight).sum() / weight.sum().clamp(min=1)
+
+
+@torch.enable_grad()
+def train_exit_gate(model, batches, steps: int, lr: float = 1e-2, logger=None,
+                    prefix: str = "exit_gate") -> list[float]:
+    """Fit only ``model.model.early_exit_gate`` with ``exit_gate_loss`` (Ouro's Stage II), the rest
+    frozen. ``batches(step)`` gives (ids (B, L), mask (B, L-1): 1 where the next token is scored).
+    Returns the loss per step; the model's trainable flags are restored."""
+    gate = model.model.early_exit_gate
+    flags = {p: p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in gate.parameters():
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(gate.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    try:
+        for step in range(steps):
+            ids, mask = batches(step)
+            out = model(ids[:, :-1], logits="all")
+            loss = exit_gate_loss(out.per_loop_logits, out.exit_logits, ids[:, 1:], mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if logger is not None and (step % 10 == 0 or step == steps - 1):
+                logger.log_metrics({f"{prefix}/loss": losses[-1]}, step=step)
+    finally:
+        for p, flag in flags.items():
+            p.requires_grad_(flag)
+    return losses

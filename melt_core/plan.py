@@ -57,8 +57,11 @@ def _family(model: str) -> str:
     return "melt" if model.startswith("melt") else "dense" if model.startswith("dense") else "ouro"
 
 
-def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]]) -> tuple[list[Job], dict]:
-    """Jobs of the DAG with their costs. ``phase_jobs``: (gate, path, steps) of every phase job."""
+def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]],
+         exit_models: list[str] = ()) -> tuple[list[Job], dict]:
+    """Jobs of the DAG with their costs. ``phase_jobs``: (gate, path, steps) of every phase job;
+    ``exit_models``: the early-exit sweep's models (one job each, every rule in turn, costed at
+    every loop: an upper bound)."""
     a = {**ASSUMPTIONS, **(config.get("plan") or {})}
     jobs = []
     train, launcher = config["train"], config["launcher"]
@@ -67,25 +70,37 @@ def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]]
         tokens = steps * train["batch_size"] * train["seq_len"]
         jobs.append(Job("train", f"{gate}/{path}", tokens, gpus, tokens / (a["train_tok_s_per_gpu"] * gpus) / 3600))
     for model in models:
-        family = _family(model)
-        cfg = ModelConfig.from_name(a["shapes"][family])
-        budget = a["gpu_memory_gb"] * 1e9 - weights_gb(cfg) * 1e9
         for task, spec in config["eval"]["tasks"].items():
-            n = a["questions"].get(task)
-            if n is None:
-                continue
-            max_new = spec.get("max_new_tokens", 32768)
-            per_seq = cfg.kv_bytes(a["prompt_tokens"] + max_new, 2)
-            batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
-            samples = spec.get("samples", 1)
-            tokens = n * samples * a["mean_new_fraction"] * max_new
-            rate = a["decode_tok_s"][family] * max(batch, 1)
-            hours = tokens / rate / 3600
-            note = "DOES NOT FIT one sequence" if batch == 0 else (
-                f"over the {a['job_limit_hours']:.0f} h limit: shard it" if hours > a["job_limit_hours"] else "")
-            jobs.append(Job("eval", f"{model} {task}", tokens, 1, hours,
-                            weights_gb(cfg) + max(batch, 1) * per_seq / 1e9, f"batch {batch}; {note}".strip("; ")))
+            job = _decode_job("eval", model, task, spec, a["questions"].get(task), 1, config, a)
+            jobs += [job] if job else []
+    sweep = config.get("early_exit") or {}
+    for model in exit_models:
+        task = sweep["task"]
+        n = a["questions"].get(task)
+        n = min(n, sweep["limit"]) if n is not None and sweep.get("limit") else n
+        job = _decode_job("early_exit", model, task, config["eval"]["tasks"][task], n, len(sweep["rules"]), config, a)
+        jobs += [job] if job else []
     return jobs, a
+
+
+def _decode_job(stage: str, model: str, task: str, spec: dict, questions: int | None, passes: int, config: dict,
+                a: dict) -> Job | None:
+    """One generation job: ``questions`` x samples x ``passes`` answers at the assumed length, in
+    the batch the memory allows; None where the benchmark's size is not known."""
+    if questions is None:
+        return None
+    family = _family(model)
+    cfg = ModelConfig.from_name(a["shapes"][family])
+    budget = a["gpu_memory_gb"] * 1e9 - weights_gb(cfg) * 1e9
+    max_new = spec.get("max_new_tokens", 32768)
+    per_seq = cfg.kv_bytes(a["prompt_tokens"] + max_new, 2)
+    batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
+    tokens = questions * spec.get("samples", 1) * passes * a["mean_new_fraction"] * max_new
+    hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600
+    note = "DOES NOT FIT one sequence" if batch == 0 else (
+        f"over the {a['job_limit_hours']:.0f} h limit: shard it" if hours > a["job_limit_hours"] else "")
+    return Job(stage, f"{model} {task}" + (f" x {passes} rules" if passes > 1 else ""), tokens, 1, hours,
+               weights_gb(cfg) + max(batch, 1) * per_seq / 1e9, f"batch {batch}; {note}".strip("; "))
 
 
 def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
@@ -95,7 +110,7 @@ def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
              f"decoding at the paper's batch-1 rates {assumptions['decode_tok_s']} tok/s times the batch that fits "
              f"in {assumptions['gpu_memory_gb']:.0f} GB, answers averaging {assumptions['mean_new_fraction']:.0%} of "
              "max_new_tokens.", ""]
-    for stage in ("train", "eval"):
+    for stage in ("train", "eval", "early_exit"):
         part = [j for j in jobs if j.stage == stage]
         if not part:
             continue

@@ -22,10 +22,11 @@ from tqdm.auto import tqdm
 from .checkpoint import save_pretrained
 from .config import ModelConfig
 from .data import PackedData, load_tokenizer, prompt_ids, read_jsonl
+from .early_exit import train_exit_gate
 from .generate import SamplingParams, generate
 from .losses import lm_loss_sum
 from .model import LoopedLM
-from .tracking import NullLogger
+from .tracking import NullLogger, stamp
 
 
 @dataclass
@@ -48,6 +49,8 @@ class PretrainConfig:
     seed: int = 0
     eval_examples: int = 256
     min_exact_match: float = 0.9  # the teacher must reach this on the held-out split
+    exit_gate_steps: int = 0  # then fit the exit gate alone with Ouro's Stage-II objective
+    exit_gate_lr: float = 1e-2
     progress: bool = True
 
 
@@ -110,6 +113,10 @@ def pretrain(cfg: PretrainConfig, logger=None) -> dict:
         if step % 10 == 0 or step == cfg.steps - 1:
             bar.set_postfix(loss=f"{loss.item():.4f}")
             logger.log_metrics({"pretrain/loss": loss.item(), "pretrain/lr": lr}, step=step)
+    if cfg.exit_gate_steps:  # Ouro trains its exit gate after the LM (Stage II); so does our teacher
+        gate_losses = train_exit_gate(model, lambda s: data.batch(cfg.steps + s, cfg.batch_size),
+                                      cfg.exit_gate_steps, cfg.exit_gate_lr, logger, prefix="pretrain/exit_gate")
+        stamp(f"exit gate: {cfg.exit_gate_steps} steps, loss {gate_losses[0]:.3f} -> {gate_losses[-1]:.3f}")
     model.eval()
     result = greedy_exact_match(model, test_records[:cfg.eval_examples], tok)
     report = {"exact_match": result["exact_match"], "n_eval": result["n"], "steps": cfg.steps,

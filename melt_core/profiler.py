@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .cache import KVCache
 from .config import ConfigError, ModelConfig
+from .early_exit import ExitRule, decode_step
 from .model import LoopedLM
 
 GB = 1e9  # decimal GB, as the paper's tables
@@ -177,9 +178,15 @@ def _prefill(model: LoopedLM, batch: int, context: int, steps: int, prefill_chun
     return cache, token, time.perf_counter() - t0
 
 
-def _decode_step(model: LoopedLM, cache, token: Tensor) -> tuple[Tensor, float]:
+def _decode_step(model: LoopedLM, cache, token: Tensor,
+                 exit_rule: ExitRule | None = None) -> tuple[Tensor, float]:
     t0 = time.perf_counter()
-    token = model(token, cache=cache, logits="last").logits[:, -1].argmax(-1, keepdim=True)
+    if exit_rule is None:
+        logits = model(token, cache=cache, logits="last").logits[:, -1]
+    else:  # real early exit: the loops a token skips are not run
+        positions = torch.full_like(token, cache.seen)
+        logits, _ = decode_step(model, token, cache, positions, exit_rule)
+    token = logits.argmax(-1, keepdim=True)
     _sync(token)
     return token, time.perf_counter() - t0
 
@@ -199,15 +206,18 @@ def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_
 
 def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
                    rounds: int = 2, prefill_chunk: int | None = 256, warm_up: bool = True,
-                   burst: int = 4) -> list[dict]:
+                   burst: int = 4, exit_rules: dict[str, ExitRule] | None = None) -> list[dict]:
     """Every model at every (batch, context), side by side: each round prefills every model, then
     the models take turns decoding ``burst`` steps each, so a change in machine load hits all of
     them alike. Bursts rather than single steps: a model decoding keeps its weights and cache in
     the CPU's caches, and the median step of a burst sees that, as real decoding does (strict
     one-step alternation evicts them and hides MELT's smaller cache). Medians over steps and
-    rounds; one discarded warm-up pass first (allocator, kernel set-up)."""
+    rounds; one discarded warm-up pass first (allocator, kernel set-up). ``exit_rules``: per model
+    name, decode with real early exit (melt_core/early_exit.py)."""
+    exit_rules = exit_rules or {}
     if warm_up:
-        compare_decode(models, [min(batches)], [min(contexts)], 2, 1, prefill_chunk, warm_up=False)
+        compare_decode(models, [min(batches)], [min(contexts)], 2, 1, prefill_chunk, warm_up=False,
+                       exit_rules=exit_rules)
     rows = []
     for batch in batches:
         for context in contexts:
@@ -223,7 +233,7 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
                     for name, model in models.items():
                         cache, token = state[name]
                         for _ in range(min(burst, steps - start)):
-                            token, seconds = _decode_step(model, cache, token)
+                            token, seconds = _decode_step(model, cache, token, exit_rules.get(name))
                             step_s[name].append(seconds)
                         state[name] = (cache, token)
             for name in models:

@@ -2,6 +2,7 @@
 series that share colour and line style, labels that overprint, a paper point on an axis that
 holds another quantity, fractional ticks for counts, a constant drawn as a learned gate."""
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -114,3 +115,39 @@ def test_tables_name_stand_ins_and_format_by_column(tables):
     assert tables.to_markdown(df, "Table 2: x").splitlines()[-1] == "| a | 0.196608 | 27.3 | 1.2 |"
     latex = tables.to_latex(df, "Table 2/3 (v3 only): memory")
     assert r"\caption{memory}" in latex  # LaTeX numbers the table itself
+
+
+def early_exit_frame(melt_cheap: list[float], full: float = 90.0, n: int = 40):
+    """Sweep rows as gather writes them: MELT and Ouro, every loop plus two cheaper rules."""
+    rows = []
+    for model, cheap in (("melt-elementwise__full", melt_cheap), ("ouro", [full, full])):
+        for rule, frac, acc in (("all loops", 1.0, full), ("q=0.6", 0.6, cheap[0]), ("exit at loop 2", 0.5, cheap[1])):
+            per_q = [100.0] * round(n * acc / 100) + [0.0] * (n - round(n * acc / 100))
+            rows.append({"model": model, "variant": "converted gate", "rule": rule, "accuracy": acc,
+                         "ci_lo": acc - 5, "ci_hi": min(100, acc + 5), "mean_loops": 4 * frac, "loops": 4,
+                         "loop_fraction": frac, "tokens_per_s": 10 / frac, "speedup": 1 / frac,
+                         "per_question": json.dumps(per_q), "metric": "pass@1", "batch_size": 1, "device": "cpu"})
+    return pd.DataFrame(rows)
+
+
+def test_early_exit_figure_distinct_series_with_intervals(figures):
+    fig, ax = draw(figures, "early_exit_tradeoff", types.SimpleNamespace(early_exit=early_exit_frame([88.0, 60.0])))
+    assert distinct_styles(ax)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == len(set(labels)) == 2
+    assert len(ax.containers) == 4  # error bars: Q-exit and fixed-loop points of each series
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("melt_cheap, full, verdict", [
+    ([90.0, 60.0], 90.0, "holds"),  # q=0.6 keeps every question at 60% of the loops
+    ([40.0, 30.0], 90.0, "does not hold"),  # every cheap rule loses far more than the margin
+    ([0.0, 0.0], 0.0, "not measurable"),  # a model that scores nothing at full depth judges nothing
+])
+def test_early_exit_claim_can_hold_fail_and_abstain(melt_cheap, full, verdict):
+    claims = script_functions("claims")
+    r = types.SimpleNamespace(early_exit=early_exit_frame(melt_cheap, full))
+    (claim, evidence, got), = claims.early_exit_claims(r)
+    assert got.startswith(verdict), (got, evidence)
+    assert "melt-elementwise__full" in evidence and "ouro" in evidence

@@ -173,8 +173,8 @@ def profile_outputs():
 
 
 TABLES = ["table1_main", "table2_memory", "table3_gates", "table4_recipe", "table5_sharing",
-          "table10_speed", "table11_train_throughput"]
-FIGURES = ["figure1_pareto", "training_curves", "gate_values", "memory_sweeps"]
+          "table10_speed", "table11_train_throughput", "table_early_exit"]
+FIGURES = ["figure1_pareto", "training_curves", "gate_values", "memory_sweeps", "early_exit_tradeoff"]
 
 
 def report_outputs():

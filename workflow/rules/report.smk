@@ -10,6 +10,7 @@ rule gather:
         evals=eval_outputs(),
         profiles=profile_outputs(),
         runs=[f"{run_dir(r)}/final" for r in RUNS],
+        early_exit=expand(f"{OUT}/early_exit/{{model}}.json", model=EXIT_MODELS),
     output:
         evals=f"{OUT}/summary/evals.csv",
         memory=f"{OUT}/summary/memory.csv",
@@ -18,6 +19,7 @@ rule gather:
         curves=f"{OUT}/summary/training_curves.csv",
         gates=f"{OUT}/summary/gate_values.csv",
         sweeps=f"{OUT}/summary/sweeps.json",
+        early_exit=f"{OUT}/summary/early_exit.csv",
     params:
         # each (gate, recipe) run: its final checkpoint, and the run dirs of its phases in order
         runs={r: {"final": f"{run_dir(r)}/final",
@@ -151,6 +153,7 @@ rule plan:
     params:
         config=config,
         models=MODELS,
+        exit_models=EXIT_MODELS,
         phase_jobs=[(g, p, config["phases"][last_phase(p)[0]]["steps"])
                     for g, p in sorted({(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))})],
         mlflow=mlflow_spec("report"),

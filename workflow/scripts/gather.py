@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
+from verdicts import paired_interval
 
 from melt_core.checkpoint import load_pretrained
 from melt_core.data import load_tokenizer, prompt_ids, read_jsonl
@@ -72,3 +73,21 @@ with rule_context(sm, "report"):
                     gate_rows.append({"run": run, "gate": model.config.gate, "layer": layer, "loop": loop + 1,
                                       "mean_z": float(z[layer, loop])})
     pd.DataFrame(gate_rows, columns=["run", "gate", "layer", "loop", "mean_z"]).to_csv(sm.output.gates, index=False)
+
+    # Early exit: per (model, gate variant, rule) accuracy with its 95% bootstrap interval over
+    # questions, loops per token and tokens/s, each against the same model's every-loop row.
+    exits = []
+    for path in sm.input.early_exit:
+        sweep = read_json(path)
+        full = {r["variant"]: r for r in sweep["rows"] if not r["rule"].get("exit_at_loop") and r["rule"]["q"] >= 1}
+        for row in sweep["rows"]:
+            ref = full.get(row["variant"])
+            acc, lo, hi = paired_interval(row["per_question"], [0.0] * len(row["per_question"]))
+            exits.append({"model": row["model"], "variant": row["variant"], "rule": row["label"],
+                          "rule_json": json.dumps(row["rule"]), "metric": row["metric"], "accuracy": acc,
+                          "ci_lo": lo, "ci_hi": hi, "mean_loops": row["mean_loops"], "loops": row["loops"],
+                          "loop_fraction": row["mean_loops"] / row["loops"], "tokens_per_s": row["tokens_per_s"],
+                          "speedup": row["tokens_per_s"] / ref["tokens_per_s"] if ref else None,
+                          "per_question": json.dumps(row["per_question"]), "batch_size": sweep["batch_size"],
+                          "device": sweep["device"]})
+    pd.DataFrame(exits).to_csv(sm.output.early_exit, index=False)

@@ -9,7 +9,8 @@ from common import rule_context
 from melt_core.plan import plan, render
 
 with rule_context(snakemake, "report") as log:
-    jobs, assumptions = plan(snakemake.params.config, snakemake.params.models, snakemake.params.phase_jobs)
+    jobs, assumptions = plan(snakemake.params.config, snakemake.params.models, snakemake.params.phase_jobs,
+                             snakemake.params.exit_models)
     text = render(jobs, assumptions, snakemake.params.config["name"])
     out = Path(snakemake.output[0])
     tmp = out.with_suffix(".tmp")

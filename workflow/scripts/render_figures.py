@@ -118,6 +118,28 @@ def memory_sweeps(r: Results, ax):
     ax.legend(fontsize=7)
 
 
+def early_exit_tradeoff(r: Results, ax):
+    """Accuracy against loops per decoded token under each exit rule, one series per model and exit
+    gate (circles: Q-exit thresholds and every loop; squares: a fixed exit loop), 95% intervals."""
+    df = r.early_exit
+    for i, ((model, variant), g) in enumerate(df.groupby(["model", "variant"], sort=True)):
+        color, ls = STYLES[i]
+        g = g.sort_values("mean_loops")
+        ax.plot(g.mean_loops, g.accuracy, color=color, linestyle=ls, linewidth=1,
+                label=f"{model.removeprefix('melt-').replace('__', ' / ')} ({variant})")
+        for fixed, marker in ((False, "o"), (True, "s")):
+            pts = g[g.rule.str.startswith("exit at loop") == fixed]
+            ax.errorbar(pts.mean_loops, pts.accuracy, yerr=[pts.accuracy - pts.ci_lo, pts.ci_hi - pts.accuracy],
+                        fmt=marker, color=color, markersize=5, capsize=2, linewidth=0.8)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("mean loops per decoded token (circles: Q-exit / all loops; squares: fixed exit loop)")
+    ax.set_ylabel(f"accuracy, % ({df.metric.iloc[0] if len(df) else ''})")
+    ax.set_title("Real early exit: accuracy against loop compute (95% intervals over questions)", fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
 with rule_context(sm, "report"):
     results = Results(sm.params.settings, sm.input.paper)
     fig, ax = plt.subplots(figsize=(9, 4.5))

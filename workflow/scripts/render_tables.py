@@ -146,9 +146,22 @@ def table11_train_throughput(r: Results) -> tuple[pd.DataFrame, str]:
                 "sequence and batch, measured side by side.")
 
 
+def table_early_exit(r: Results) -> tuple[pd.DataFrame, str]:
+    df = r.early_exit
+    out = pd.DataFrame({"model": df.model, "exit gate": df.variant, "rule": df.rule,
+                        "accuracy": df.accuracy, "95% CI": [f"{a:.1f}–{b:.1f}" for a, b in zip(df.ci_lo, df.ci_hi)],
+                        "loops per token": df.mean_loops, "loop share %": 100 * df.loop_fraction,
+                        "tok/s": df.tokens_per_s, "speed ratio to all loops": df.speedup})
+    where = f"{df.device.iloc[0]}, batch {int(df.batch_size.iloc[0])}" if len(df) else ""
+    return out, ("Real early exit (beyond the paper, its future work): accuracy on the sweep task "
+                 f"({df.metric.iloc[0] if len(df) else ''}), loops per decoded token and measured decode speed "
+                 f"({where}) per exit rule. The prompt runs every loop; Ouro's stopped tokens leave their last "
+                 "loop's K/V to deeper loops, MELT's their memory row.")
+
+
 def decimals(column: str) -> int:
     """One format per column, by what it holds (percent unless the header says otherwise)."""
-    for key, n in (("MB/token", 6), ("ratio", 2), ("tok/s", 1), ("GB", 2), (" s ", 3), ("TTFT", 3),
+    for key, n in (("MB/token", 6), ("ratio", 2), ("tok/s", 1), ("GB", 2), (" s ", 3), ("TTFT", 3), ("per token", 2),
                    ("batch", 0), ("context", 0), ("tokens", 0)):
         if key in column:
             return n

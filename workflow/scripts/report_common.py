@@ -21,13 +21,14 @@ class Results:
         self.curves = pd.read_csv(s / "training_curves.csv")
         self.gates = pd.read_csv(s / "gate_values.csv")
         self.sweeps = json.loads((s / "sweeps.json").read_text())
+        self.early_exit = pd.read_csv(s / "early_exit.csv")
         self.version = config["paper_version"]
         values = yaml.safe_load(Path(paper_values).read_text())
         if self.version not in values:
             raise ValueError(f"{paper_values}: no paper values for paper_version {self.version!r}")
         self.paper = values[self.version]  # this version's numbers only; a table it lacks is {}
         for table in ("table1_main", "table2_memory", "table3_gates", "table4_recipe", "table5_sharing",
-                      "table10_speed", "table11_train_throughput"):
+                      "table10_speed", "table11_train_throughput", "table_early_exit"):
             self.paper.setdefault(table, {})
         self.columns = config["report"]["columns"]
         self.note = config["report"].get("note", "")

@@ -1,0 +1,47 @@
+# Real early exit (melt_core/early_exit.py; the paper names it future work for MELT): each model
+# of early_exit.models decodes early_exit.task under every rule of early_exit.rules, measuring
+# accuracy, loops per token and tokens/s; for MELT optionally again with its exit gate refit to its
+# own hidden states (Ouro's Stage-II objective). One job per model.
+
+
+def exit_models():
+    """The sweep's model ids; ``main`` is the main MELT run."""
+    return [f"melt-{MAIN_RUN}" if m == "main" else m for m in config["early_exit"]["models"]]
+
+
+EXIT_MODELS = exit_models()
+
+
+rule early_exit:
+    """A threshold sweep of real early exit for one model: accuracy, mean loops, tokens/s per rule."""
+    input:
+        unpack(lambda wc: {**eval_inputs(wc.model), "train": train_records()}),
+    output:
+        f"{OUT}/early_exit/{{model}}.json",
+    wildcard_constraints:
+        model=_one_of(EXIT_MODELS),
+    params:
+        task=lambda wc: {"name": config["early_exit"]["task"], **eval_task_settings(config["early_exit"]["task"])},
+        sweep={k: v for k, v in config["early_exit"].items() if k not in ("models", "task")},
+        prefill_chunk=config["eval"].get("prefill_chunk"),
+        backend=config["eval"].get("backend", "lighteval"),
+        device=config["eval"].get("device", "auto"),
+        dtype=config["eval"].get("dtype", "auto"),
+        seed=config["eval"].get("seed", 0),
+        batch_size=config["eval"].get("batch_size", 64),
+        memory_budget_gb=config["eval"].get("memory_budget_gb"),
+        template=config["train"]["template"],
+        seq_len=config["train"]["seq_len"],
+        mlflow=lambda wc: mlflow_spec("early_exit", model=wc.model),
+    threads: 1
+    log:
+        f"{OUT}/logs/early_exit-{{model}}.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/early_exit.py"
+
+
+rule early_exit_sweeps:
+    input:
+        expand(f"{OUT}/early_exit/{{model}}.json", model=EXIT_MODELS),

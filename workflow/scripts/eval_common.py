@@ -1,0 +1,32 @@
+"""What the eval and early_exit rules share: the model a model id names, loaded on the job's
+device with its cache mode, and the backend that evaluates it."""
+
+from melt_core.evaluate import (
+    ModelSpec,
+    evaluate,
+    evaluate_lighteval,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_memory_budget,
+)
+
+
+def load_eval_model(sm, log, **spec_kw):
+    """(ModelSpec, loaded model, device, run) for the job's model id (wildcard ``model``): ouro-*
+    ids are Ouro's sharing baselines; the memory budget is resolved against the loaded weights."""
+    model_id = sm.wildcards.model
+    spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk, **spec_kw)
+    if model_id.startswith("ouro-"):
+        mode = model_id.removeprefix("ouro-")
+        spec.cache_mode, spec.keep_prompt = mode.removesuffix("+prompt"), mode.endswith("+prompt")
+    device = resolve_device(sm.params.device)
+    dtype = resolve_dtype(sm.params.dtype, device)
+    log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
+                    "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend, "device": device,
+                    "dtype": str(dtype).removeprefix("torch.")})
+    model = load_model(spec, device, dtype)
+    spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
+    log.log_params({"memory_budget_gb": spec.memory_budget_gb})
+    run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
+    return spec, model, device, run
