@@ -103,7 +103,9 @@ class MemoryReport:
 
 def profile_memory(shape: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: int = 64, context: int = 32768,
                    cap_gb: float = 80.0, device: str = "cpu", speed_context: int = 0, speed_steps: int = 3,
-                   **overrides) -> MemoryReport:
+                   prefill_chunk: int | None = None, **overrides) -> MemoryReport:
+    """``prefill_chunk``: how MELT prefills for the speed figures, as the eval does (None: token by
+    token, exact; C: chunks of C tokens). Ouro prefills the whole context at once either way."""
     cfg = ModelConfig.from_name(shape, **overrides)
     if context > cfg.max_position_embeddings:
         raise ConfigError(f"profile context {context} is beyond max_position_embeddings="
@@ -130,8 +132,10 @@ def profile_memory(shape: str, dtype: torch.dtype = torch.bfloat16, kv_tokens: i
         batch_kind = "analytic: (cap - weights) / KV(context)"
     speed = None
     if speed_context:  # batch 1 at the real shape: few steps, labelled with the context used
-        speed = decode_speed(model, 1, speed_context, speed_steps, prefill_chunk=speed_context)
-        speed["kind"] = f"measured on {device}, {speed_context}-token context, {speed_steps} decode steps"
+        speed = decode_speed(model, 1, speed_context, speed_steps, prefill_chunk=prefill_chunk)
+        mode = "MELT prefill token by token" if prefill_chunk is None else f"prefill chunk {prefill_chunk}"
+        speed["kind"] = f"measured on {device}, {speed_context}-token context, {speed_steps} decode steps, {mode}"
+        speed["prefill_chunk"] = prefill_chunk
     del model, cache
     return MemoryReport(shape, str(dtype).removeprefix("torch."), n_params, w_measured, w_analytic, kv_tokens,
                         kv_measured, kv_analytic, kv_measured / kv_tokens / 1e6, per_token / 1e6, context,

@@ -7,6 +7,7 @@ rule profile_memory:
         f"{OUT}/profile/memory/{{shape}}.json",
     params:
         profile=config["profile"],
+        prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
         mlflow=lambda wc: mlflow_spec("profile", shape=wc.shape),
     threads: 2
     resources:
@@ -29,6 +30,7 @@ rule profile_speed:
         train=f"{OUT}/profile/train_throughput.json",
     params:
         profile=config["profile"],
+        prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
         mlflow=mlflow_spec("profile", part="speed"),
     threads: 2
     log:
