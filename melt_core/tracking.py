@@ -36,6 +36,13 @@ class NullLogger:
 
     def set_tags(self, tags: dict[str, str]) -> None: ...
 
+    def find_run(self, tags: dict[str, str]) -> str | None:
+        """The newest finished run of this experiment carrying all ``tags``, or None."""
+        return None
+
+    def log_dataset(self, path: str | Path, context: str, name: str | None = None) -> None:
+        """Record a file or folder this run read, with its digest, as an MLflow dataset input."""
+
     def close(self, status: str = "FINISHED") -> None: ...
 
     def __enter__(self):
@@ -63,6 +70,20 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[metric_key(key)] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
     return out
+
+
+def data_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, or of a folder's (relative path, file digest) pairs in order."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        if f != path:
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def config_hash(cfg: dict[str, Any]) -> str:
@@ -127,7 +148,9 @@ class MlflowLogger(NullLogger):
     """One MLflow run. ``parent_run_id`` nests it under a parent (a stage with parts)."""
 
     def __init__(self, experiment: str, run_name: str, tracking_uri: str | None = None,
-                 tags: dict[str, str] | None = None, parent_run_id: str | None = None):
+                 tags: dict[str, str] | None = None, parent_run_id: str | None = None,
+                 system_metrics: bool = False):
+        """``system_metrics``: sample CPU/GPU/memory use into the run every 10 s (training runs)."""
         import mlflow
 
         self._mlflow = mlflow
@@ -143,16 +166,43 @@ class MlflowLogger(NullLogger):
                     "mlflow.source.git.commit": commit, "git_commit": commit, **process_tags(), **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
+        self._exp_id = exp_id
         self.run_id = self._client.create_run(exp_id, tags=all_tags).info.run_id
+        self._monitor = None
+        if system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-    def log_params(self, params):
-        for k, v in flatten(params).items():
-            self._client.log_param(self.run_id, k[:250], v[:6000])
+            self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=10, tracking_uri=uri)
+            self._monitor.start()
+
+    def log_params(self, params):  # one batched request (MLflow takes up to 100 params per batch)
+        from mlflow.entities import Param
+
+        items = [Param(k[:250], v[:6000]) for k, v in flatten(params).items()]
+        for i in range(0, len(items), 100):
+            self._client.log_batch(self.run_id, params=items[i:i + 100])
 
     def log_metrics(self, metrics, step=None):
-        for k, v in metrics.items():
-            if v is not None:
-                self._client.log_metric(self.run_id, metric_key(k), float(v), step=step or 0)
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(metric_key(k), float(v), now, step or 0) for k, v in metrics.items() if v is not None]
+        for i in range(0, len(items), 1000):
+            self._client.log_batch(self.run_id, metrics=items[i:i + 1000])
+
+    def log_dataset(self, path, context, name=None):
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        path = Path(path).resolve()
+        dataset = Dataset(name=name or path.name, digest=data_digest(path)[:16], source_type="local",
+                          source=json.dumps({"uri": path.as_uri()}))
+        self._client.log_inputs(self.run_id, [DatasetInput(dataset, [InputTag("mlflow.data.context", context)])])
+
+    def find_run(self, tags):
+        query = " and ".join(f"tags.{k} = '{v}'" for k, v in tags.items())
+        runs = self._client.search_runs([self._exp_id], f"{query} and attributes.status = 'FINISHED'",
+                                        order_by=["attributes.start_time DESC"], max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def log_artifact(self, path, artifact_path=None):
         path = Path(path)
@@ -166,6 +216,9 @@ class MlflowLogger(NullLogger):
             self._client.set_tag(self.run_id, k, v)
 
     def close(self, status="FINISHED"):
+        if self._monitor is not None:
+            self._monitor.finish()
+            self._monitor = None
         if self.run_id:
             self._client.set_terminated(self.run_id, status)
             self.run_id = None
@@ -255,6 +308,13 @@ class BestEffortLogger(NullLogger):
         if self._inner:
             self._call("set_tags", lambda: self._inner.set_tags(tags))
 
+    def log_dataset(self, path, context, name=None):
+        if self._inner:
+            self._call("log_dataset", lambda: self._inner.log_dataset(path, context, name))
+
+    def find_run(self, tags):
+        return self._call("find_run", lambda: self._inner.find_run(tags)) if self._inner else None
+
     def close(self, status="FINISHED"):
         if self._inner:
             self._call("close", lambda: self._inner.close(status))
@@ -266,4 +326,4 @@ def make_logger(spec: dict[str, Any] | None, run_name: str, tags: dict[str, str]
         return NullLogger()
     return BestEffortLogger(lambda: MlflowLogger(
         spec.get("experiment", "melt"), run_name, spec.get("tracking_uri"),
-        {**(spec.get("tags") or {}), **(tags or {})}, spec.get("parent_run_id")))
+        {**(spec.get("tags") or {}), **(tags or {})}, spec.get("parent_run_id"), spec.get("system_metrics", False)))

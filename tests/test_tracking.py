@@ -2,7 +2,7 @@
 
 import mlflow
 
-from melt_core.tracking import MlflowLogger, ensure_store, experiment_id, make_logger
+from melt_core.tracking import MlflowLogger, data_digest, ensure_store, experiment_id, make_logger
 
 
 def test_experiment_created_by_another_job_in_between_is_reused(tmp_path):
@@ -86,3 +86,45 @@ def test_runs_of_killed_processes_are_marked_killed(tmp_path):
     assert client.get_run(gone.run_id).info.status == "KILLED"
     assert client.get_run(live.run_id).info.status == "RUNNING"
     live.close()
+
+
+def test_params_and_metrics_go_in_batches_and_runs_are_found_by_tags(tmp_path):
+    """Hundreds of params in a few requests; an eval finds the newest finished training run of its
+    checkpoint by tags (a running or failed one is not its source)."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    ensure_store(uri, "melt-find")
+    with MlflowLogger("melt-find", "old", uri, tags={"rule": "phase", "gate": "g", "path": "p1/p2"}) as old:
+        old.log_params({f"p{i}": i for i in range(250)})
+        old.log_metrics({f"m{i}": i for i in range(5)}, step=3)
+        old_id = old.run_id
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    run = client.get_run(old_id)
+    assert len(run.data.params) == 250 and run.data.metrics["m4"] == 4.0
+    assert [m.step for m in client.get_metric_history(old_id, "m4")] == [3]
+    with MlflowLogger("melt-find", "new", uri, tags={"rule": "phase", "gate": "g", "path": "p1/p2"}) as new:
+        new_id = new.run_id
+    failed = MlflowLogger("melt-find", "failed", uri, tags={"rule": "phase", "gate": "g", "path": "p1/p2"})
+    failed.close("FAILED")
+    with MlflowLogger("melt-find", "eval", uri) as evaluation:
+        assert evaluation.find_run({"rule": "phase", "gate": "g", "path": "p1/p2"}) == new_id
+        assert evaluation.find_run({"rule": "phase", "gate": "other"}) is None
+
+
+def test_datasets_are_logged_as_inputs_with_digests_and_training_samples_the_system(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    ensure_store(uri, "melt-data")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"x": 1}\n')
+    folder = tmp_path / "bench"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "test.jsonl").write_text("q\n")
+    with MlflowLogger("melt-data", "train", uri, system_metrics=True) as run:
+        run.log_dataset(data, "training")
+        run.log_dataset(folder, "evaluation")
+        run_id = run.run_id
+    inputs = mlflow.tracking.MlflowClient(tracking_uri=uri).get_run(run_id).inputs.dataset_inputs
+    got = {(d.dataset.name, d.tags[0].value): d.dataset.digest for d in inputs}
+    assert got[("train.jsonl", "training")] == data_digest(data)[:16]
+    assert got[("bench", "evaluation")] == data_digest(folder)[:16]
+    (folder / "a" / "test.jsonl").write_text("changed\n")
+    assert data_digest(folder)[:16] != got[("bench", "evaluation")]  # the digest follows the content

@@ -109,6 +109,9 @@ def test_stage_logs_to_a_real_mlflow_server(tmp_path):
         assert tags["mlflow.source.name"] == "Snakefile rule task_data" and run["info"]["run_name"] == "task_data"
         assert params["task"] == "digit_sum" and params["digits"] == "6"
         assert run["info"]["status"] == "FINISHED"
+        listed = urllib.request.urlopen(f"{uri}/api/2.0/mlflow/artifacts/list?run_id={run['info']['run_id']}"
+                                        "&path=logs", timeout=30)
+        assert [f["path"] for f in json.loads(listed.read())["files"]] == ["logs/task_data.log"]  # its log attached
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -129,8 +129,23 @@ def phase_steps():
     """Training steps the DAG runs: every phase node once (shared prefixes once)."""
     nodes = {(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))}
     return sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
+def prefill_variants():
+    """With eval.compare_prefill, the main run evaluated again under the other prefill mode: chunks
+    of the training chunk size where eval prefills exactly, else exact (model id suffix @prefill-...)."""
+    if not config["eval"].get("compare_prefill"):
+        return []
+    other = "exact" if config["eval"].get("prefill_chunk") else f"chunk{config['train']['chunk_size']}"
+    return [f"melt-{MAIN_RUN}@prefill-{other}"]
+
+
+def model_prefill(model):
+    """The prefill chunk a model id evaluates with (None: token by token, exact for MELT)."""
+    mode = model.partition("@prefill-")[2]
+    return config["eval"].get("prefill_chunk") if not mode else None if mode == "exact" else int(mode[5:])
+
+
 MODELS = (["ouro", "melt-untrained"] + [f"ouro-{s}" for s in SHARING] + [f"melt-{r}" for r in RUNS]
-          + [f"dense-{d}" for d in DENSE])
+          + prefill_variants() + [f"dense-{d}" for d in DENSE])
 
 
 def _one_of(names):
@@ -154,6 +169,7 @@ def teacher_dir():
 
 def model_checkpoint(model):
     """Checkpoint directory behind a model id of MODELS."""
+    model = model.partition("@")[0]  # a variant of a model (e.g. another prefill) uses its checkpoint
     if model == "ouro" or model.startswith("ouro-"):
         return teacher_dir()
     if model.startswith("dense-"):
@@ -207,6 +223,18 @@ def report_settings():
     to any of it reruns them (a script never reads snakemake.config: tests/test_rule_params.py)."""
     return {**{k: config[k] for k in REPORT_SETTINGS},
             "speed_shape": config["profile"]["speed_shape"], "template": config["train"]["template"]}
+
+
+def model_tags(model):
+    """MLflow tags of an eval run: the model, and for a trained MELT run its gate, recipe and the
+    phase path whose training run made the checkpoint (the eval links to that run)."""
+    base, _, variant = model.partition("@")
+    tags = {"model": model, **({"variant": variant} if variant else {})}
+    run = base.removeprefix("melt-")
+    if run in RUNS:
+        gate, recipe = run.split("__")
+        tags |= {"gate": gate, "recipe": recipe, "trained_path": recipe_path(recipe)}
+    return tags
 
 
 def eval_inputs(model):

@@ -32,7 +32,7 @@ rule early_exit:
         memory_budget_gb=config["eval"].get("memory_budget_gb"),
         template=config["train"]["template"],
         seq_len=config["train"]["seq_len"],
-        mlflow=lambda wc: mlflow_spec("early_exit", model=wc.model),
+        mlflow=lambda wc: mlflow_spec("early_exit", **model_tags(wc.model)),
     threads: 1
     log:
         f"{OUT}/logs/early_exit-{{model}}.log",

@@ -13,7 +13,7 @@ rule eval:
         f"{OUT}/eval/{{model}}/{{task}}.json",
     params:
         task=lambda wc: eval_task_settings(wc.task),  # as params: a changed setting reruns it
-        prefill_chunk=config["eval"].get("prefill_chunk"),
+        prefill_chunk=lambda wc: model_prefill(wc.model),
         backend=config["eval"].get("backend", "lighteval"),
         device=config["eval"].get("device", "auto"),
         dtype=config["eval"].get("dtype", "auto"),
@@ -22,7 +22,7 @@ rule eval:
         memory_budget_gb=config["eval"].get("memory_budget_gb"),
         template=config["train"]["template"],
         exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
-        mlflow=lambda wc: mlflow_spec("eval", model=wc.model, task=wc.task),
+        mlflow=lambda wc: mlflow_spec("eval", task=wc.task, **model_tags(wc.model)),
     threads: 1
     log:
         f"{OUT}/logs/eval-{{model}}/{{task}}.log",

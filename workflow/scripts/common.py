@@ -40,10 +40,15 @@ def rule_context(snakemake, stage: str, run_name: str | None = None):
     logger = make_logger(spec, name, tags)
     try:
         with logger:
-            yield logger
-    except BaseException:
-        traceback.print_exc(file=stream)  # into the rule's log, where show-failed-logs finds it
-        raise
+            try:
+                yield logger
+            except BaseException:
+                traceback.print_exc(file=stream)  # into the rule's log, where show-failed-logs finds it
+                raise
+            finally:  # the rule's log beside its run, a failed run's included
+                stream.flush()
+                if log_path:
+                    logger.log_artifact(log_path, "logs")
     finally:
         sys.stdout, sys.stderr = old_out, old_err
         if log_path:

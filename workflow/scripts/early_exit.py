@@ -66,3 +66,4 @@ with rule_context(sm, "early_exit") as log:
     tmp.write_text(json.dumps({"model": spec.name, "task": task.name, "batch_size": sm.params.batch_size,
                                "device": device, "rows": rows}, indent=1))
     tmp.replace(out)
+    log.log_artifact(out, "results")

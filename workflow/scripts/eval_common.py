@@ -29,4 +29,22 @@ def load_eval_model(sm, log, **spec_kw):
     spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
     log.log_params({"memory_budget_gb": spec.memory_budget_gb})
     run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
+    link_training_run(sm, log)
     return spec, model, device, run
+
+
+def link_training_run(sm, log) -> None:
+    """Tag the run with the checkpoint it evaluates and, for a trained MELT run, the training run
+    (rule phase) that wrote that checkpoint, so MLflow leads from a score to its loss curves."""
+    tags = (sm.params.mlflow or {}).get("tags", {})
+    links = {"checkpoint": str(sm.input.model)}
+    data = sm.params.task.get("path") or sm.params.task.get("data_dir")
+    if data:  # a local JSONL or a fetched benchmark copy: what this eval read, with its digest
+        log.log_dataset(data, "evaluation")
+    elif getattr(sm.input, "benchmarks", None):  # hub datasets fetched by rule benchmark_data: its manifest
+        log.log_dataset(sm.input.benchmarks, "evaluation", name="benchmarks manifest")
+    if tags.get("trained_path"):
+        found = log.find_run({"rule": "phase", "gate": tags["gate"], "path": tags["trained_path"]})
+        if found:
+            links["training_run_id"] = found
+    log.set_tags(links)

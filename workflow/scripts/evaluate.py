@@ -25,4 +25,5 @@ with rule_context(sm, "eval") as log:
     log.log_params({f"{task_name}.{k}": v for k, v in task_cfg.items()})
     result = run(spec, task, out, seed=sm.params.seed, batch_size=sm.params.batch_size, logger=log,
                  model=model, device=device)
+    log.log_artifact(out, "results")  # every question's prompt, completions and scores
     print(task_name, result["metrics"])

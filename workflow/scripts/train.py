@@ -41,7 +41,9 @@ with rule_context(sm, "train") as log:
     Path(sm.params.run_dir).mkdir(parents=True, exist_ok=True)
     (Path(sm.params.run_dir) / "resolved_train_config.json").write_text(json.dumps(train_cfg, indent=2))
     tags = {**sm.params.mlflow.get("tags", {}), "rule": sm.rule, "config_hash": config_hash(sm.config)}
-    train_cfg["mlflow"] = {**sm.params.mlflow, "parent_run_id": log.run_id, "tags": tags}  # the training child
+    # the training child, sampling CPU/GPU/memory use while it trains
+    train_cfg["mlflow"] = {**sm.params.mlflow, "parent_run_id": log.run_id, "tags": tags, "system_metrics": True}
+    log.log_dataset(sm.input.data, "training")
     final = launch(train_cfg, sm.params.launcher)
     log.log_metrics({"done": 1})
     print(f"final checkpoint: {final}")
