@@ -51,6 +51,7 @@ ALLOWED = [r"overlays", r"name", r"outdir", r"mlflow\..*",
            r"phases\.[^.]+\.steps",
            r"launcher\.(tasks_per_node|gpus_per_node|cpus_per_task|timeout_min|mem_gb)",
            r"eval\.batch_size", r"eval\.tasks\.[^.]+\.(data_dir|samples|ks|max_new_tokens|select\.n)",
+           r"early_exit\.(limit|exit_gate_steps|exit_gate_batch)",
            r"profile\.(shapes|kv_tokens|speed_shape|real_shape_speed_context|speed_contexts|loops_sweep"
            r"|window_sweep)"]
 

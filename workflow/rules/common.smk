@@ -225,6 +225,14 @@ def report_settings():
             "speed_shape": config["profile"]["speed_shape"], "template": config["train"]["template"]}
 
 
+def exit_models():
+    """The early-exit sweep's model ids (rule early_exit); ``main`` is the main MELT run."""
+    return [f"melt-{MAIN_RUN}" if m == "main" else m for m in config["early_exit"]["models"]]
+
+
+EXIT_MODELS = exit_models()
+
+
 def model_tags(model):
     """MLflow tags of an eval run: the model, and for a trained MELT run its gate, recipe and the
     phase path whose training run made the checkpoint (the eval links to that run)."""

@@ -4,14 +4,6 @@
 # own hidden states (Ouro's Stage-II objective). One job per model.
 
 
-def exit_models():
-    """The sweep's model ids; ``main`` is the main MELT run."""
-    return [f"melt-{MAIN_RUN}" if m == "main" else m for m in config["early_exit"]["models"]]
-
-
-EXIT_MODELS = exit_models()
-
-
 rule early_exit:
     """A threshold sweep of real early exit for one model: accuracy, mean loops, tokens/s per rule."""
     input:
