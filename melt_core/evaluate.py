@@ -12,6 +12,7 @@ its import-time behaviour is unwanted). Tests check they agree.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -61,12 +62,19 @@ class TaskSpec:
     select: dict[str, Any] | None = None
     allow_code_execution: bool = False  # HumanEval+: scoring runs the model's code (in the sandbox)
     exit: dict[str, Any] | None = None  # early-exit rule for this task, over the model's (ExitRule)
+    shard: list[int] | None = None  # [i, n]: only the questions of shard i of n (in_shard); None: all
     unsafe_no_sandbox: bool = False  # run it without isolation where bubblewrap is missing (don't)
 
     def __post_init__(self):
         if (self.path is None) == (self.lighteval is None):
             raise ConfigError(f"task {self.name!r}: give exactly one of `path` (a local JSONL) or `lighteval` "
                               "('<module>/<task>', lighteval's own definition)")
+
+        if self.shard is not None and not (len(self.shard) == 2 and 0 <= self.shard[0] < self.shard[1]):
+            raise ConfigError(f"task {self.name!r}: shard must be [i, n] with 0 <= i < n, got {self.shard}")
+        if self.shard is not None and self.lighteval and self.limit:
+            raise ConfigError(f"task {self.name!r}: lighteval applies `limit` after the shard filter, so shards "
+                              "of a limited task would not add up to it; drop `limit` or `shards`")
 
     def lighteval_spec(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -88,6 +96,15 @@ class ModelSpec:
 def exit_rule(model_spec: ModelSpec, task: TaskSpec) -> ExitRule:
     """The model's exit rule with the task's settings over it."""
     return ExitRule.from_dict({**(model_spec.exit or {}), **(task.exit or {})})
+
+
+def in_shard(row: dict, shard: list[int] | None) -> bool:
+    """Whether a question (a dataset row or a JSONL record) belongs to shard [i, n]: a hash of its
+    content, so the split depends neither on row order nor on which job asks."""
+    if shard is None:
+        return True
+    key = json.dumps(row, sort_keys=True, default=str).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") % shard[1] == shard[0]
 
 
 def _kind(spec: ModelSpec) -> str:
@@ -145,8 +162,8 @@ def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:
     _kind(model_spec)
     if task.lighteval:
         return None
-    try:
-        return read_jsonl(task.path, "chat", task.limit)
+    try:  # the limit first, then the shard: shards of a limited task add up to the limited task
+        return [r for r in read_jsonl(task.path, "chat", task.limit) if in_shard(r, task.shard)]
     except DataError as err:
         raise DataError(f"task {task.name!r}: {err}") from None
 
@@ -159,6 +176,8 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
         raise ConfigError(f"task {task.name!r} is lighteval's definition ({task.lighteval}); "
                           "evaluate it with the lighteval backend (eval.backend: lighteval)")
     records = _prepare(model_spec, task)
+    if not records:  # a shard with no questions (more shards than the hash gives each)
+        return _write_result(out_path, model_spec, task, seed, [], 0.0, logger, backend="native")
     model = model if model is not None else load_model(model_spec, device)
     tokenizer = load_tokenizer(model_spec.path)
     torch.manual_seed(seed)
@@ -174,17 +193,15 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
                     prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size,
                     memory_budget_bytes=budget, exit_rule=_exits(model, model_spec, task))
     seconds = time.perf_counter() - t0
-    details, per_k = [], {k: [] for k in task.ks}
+    details = []
     for rec, gold, samples in zip(records, golds, outs):
         texts = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
         correct = [extract_answer(t, task.answer_style) == extract_answer(gold, task.answer_style) for t in texts]
-        for k in task.ks:
-            per_k[k].append(pass_at_k(len(correct), sum(correct), k))
         details.append({"prompt": _question(rec), "gold": gold, "completions": texts,
                         "correct": correct, "generated_tokens": [len(s.token_ids) for s in samples],
-                        "loops": [sum(s.loops or []) for s in samples]})
-    metrics = {f"pass@{k}": sum(v) / len(v) for k, v in per_k.items()}
-    return _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend="native")
+                        "loops": [sum(s.loops or []) for s in samples],
+                        "scores": {f"pass@{k}": pass_at_k(len(correct), sum(correct), k) for k in task.ks}})
+    return _write_result(out_path, model_spec, task, seed, details, seconds, logger, backend="native")
 
 
 def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
@@ -197,10 +214,12 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
     from lighteval.models.model_input import GenerationParameters
 
     from .lighteval_adapter import build_pipeline, melt_model_config
-    from .lighteval_tasks import builtin_task_configs, sample_correct, task_config, tasks_module
+    from .lighteval_tasks import builtin_task_configs, sample_correct, task_config, task_rows, tasks_module
 
     logger = logger or NullLogger()
     records = _prepare(model_spec, task)  # fail on bad input before lighteval starts
+    if records is not None and not records:  # an empty shard
+        return _write_result(out_path, model_spec, task, seed, [], 0.0, logger, backend="lighteval")
     config = melt_model_config(
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,
@@ -211,6 +230,8 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
     with tempfile.TemporaryDirectory() as tmp:
         if task.lighteval:
             configs = builtin_task_configs(task.lighteval_spec())
+            if task.shard is not None and not any(task_rows(c) for c in configs):  # an empty shard
+                return _write_result(out_path, model_spec, task, seed, [], 0.0, logger, backend="lighteval")
         else:
             data_dir = Path(tmp) / "data"
             data_dir.mkdir()
@@ -242,11 +263,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
                             "generated_tokens": [len(t) for t in row.model_response.output_tokens],
                             "loops": loops.get(row.model_response.input, [0] * len(texts)),
                             "scores": {k: float(v) for k, v in row.metric.items()}})
-    if records is not None:  # the JSONL's order, as the native backend writes it
-        order = {_question(r): i for i, r in enumerate(records)}
-        details.sort(key=lambda d: order[d["prompt"]])
-    metrics = {f"pass@{k}": float(np.mean([d["scores"][f"pass@{k}"] for d in details])) for k in task.ks}
-    return _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend="lighteval")
+    return _write_result(out_path, model_spec, task, seed, details, seconds, logger, backend="lighteval")
 
 
 def _exits(model, model_spec: ModelSpec, task: TaskSpec) -> ExitRule | None:
@@ -260,15 +277,51 @@ def _question(record: dict) -> str:
     return [m for m in record["messages"] if m["role"] != "assistant"][-1]["content"]
 
 
-def _write_result(out_path, model_spec, task, seed, metrics, details, seconds, logger, backend) -> dict[str, Any]:
+def _canonical(details: list[dict]) -> list[dict]:
+    """Questions in one order whatever the backend or sharding: by task (subset), prompt, gold."""
+    return sorted(details, key=lambda d: (d.get("task", ""), d["prompt"], str(d["gold"])))
+
+
+def _metrics(details: list[dict], ks: list[int]) -> dict[str, float]:
+    """pass@k: the mean over questions of each question's unbiased pass@k (pooled over subsets);
+    None for no questions (an empty shard)."""
+    if not details:
+        return {f"pass@{k}": None for k in ks}
+    return {f"pass@{k}": float(np.mean([d["scores"][f"pass@{k}"] for d in details])) for k in ks}
+
+
+def merge_shards(paths: list[str | Path], out_path: str | Path, logger=None) -> dict[str, Any]:
+    """One task's result from the results of its shards [0, n) ... [n-1, n): the questions joined,
+    pass@k recomputed over all of them; the same JSON an unsharded run writes (tests check it)."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    n = len(parts)
+    got = sorted(tuple(p["task"]["shard"] or ()) for p in parts)
+    if got != [(i, n) for i in range(n)]:
+        raise DataError(f"merge of {first['task']['name']!r}: expected shards 0..{n - 1} of {n}, got {got}")
+    for p in parts[1:]:
+        if p["model"] != first["model"] or {**p["task"], "shard": None} != {**first["task"], "shard": None} \
+                or p["seed"] != first["seed"]:
+            raise DataError(f"merge of {first['task']['name']!r}: shards of different models or settings")
+    task = TaskSpec(**{**first["task"], "shard": None})
+    details = [d for p in parts for d in p["details"]]
+    return _write_result(out_path, ModelSpec(**first["model"]), task, first["seed"], details,
+                         sum(p["seconds"] for p in parts), logger or NullLogger(), backend=first["backend"],
+                         shards=n)
+
+
+def _write_result(out_path, model_spec, task, seed, details, seconds, logger, backend,
+                  shards: int | None = None) -> dict[str, Any]:
+    details = _canonical(details)
+    metrics = _metrics(details, task.ks)
     stamp(f"eval {model_spec.name} {task.name}: {len(details)} questions x {task.samples} samples in "
-          f"{seconds:.1f} s: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items()))
+          f"{seconds:.1f} s: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics.items() if v is not None))
     tokens = sum(sum(d.get("generated_tokens", [])) for d in details)
     loops = sum(sum(d.get("loops", [])) for d in details)
     result = {"model": asdict(model_spec), "task": asdict(task), "seed": seed, "backend": backend,
               "metrics": metrics, "n_questions": len(details), "generated_tokens": tokens,
               "mean_loops": loops / tokens if tokens else None,  # loops per generated token
-              "seconds": seconds, "details": details}
+              "seconds": seconds, "shards": shards, "details": details}
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_suffix(".tmp")

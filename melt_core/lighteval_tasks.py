@@ -224,6 +224,18 @@ class JoinedGolds:
         return doc
 
 
+class InShard:
+    """A dataset filter keeping the rows of one shard (melt_core.evaluate.in_shard), after ``inner``."""
+
+    def __init__(self, shard: list[int], inner=None):
+        self.shard, self.inner = shard, inner
+
+    def __call__(self, row: dict) -> bool:
+        from melt_core.evaluate import in_shard
+
+        return (self.inner is None or self.inner(row)) and in_shard(dict(row), self.shard)
+
+
 class InIds:
     """A dataset filter keeping rows whose ``id_field`` is in a fixed set."""
 
@@ -264,6 +276,13 @@ def select_ids(config: LightevalTaskConfig, split: str, select: dict, where: str
     if len(ids) < select["n"]:
         raise DataError(f"{where}: select.n={select['n']} but only {len(ids)} usable rows in {config.hf_repo!r}")
     return sorted(random.Random(select.get("seed", 0)).sample(ids, select["n"]))
+
+
+def task_rows(config: LightevalTaskConfig) -> int:
+    """How many rows of its split a task config will evaluate (after its filter)."""
+    split = config.evaluation_splits[0]
+    rows = load_task_data(config, split, f"task {config.name!r}")
+    return len(rows.filter(config.hf_filter) if config.hf_filter is not None else rows)
 
 
 def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
@@ -321,6 +340,8 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
                                      select_ids(config, split, spec["select"], where))
         else:
             load_task_data(config, split, where)
+        if spec.get("shard"):
+            config.hf_filter = InShard(spec["shard"], config.hf_filter)
         configs.append(config)
     return configs
 

@@ -43,10 +43,11 @@ class Job:
     hours: float  # wall-clock
     peak_gb: float | None = None
     note: str = ""
+    count: int = 1  # identical jobs (a task's shards), each ``hours`` long
 
     @property
     def gpu_hours(self) -> float:
-        return self.hours * self.gpus
+        return self.hours * self.gpus * self.count
 
 
 def weights_gb(cfg: ModelConfig, dtype_bytes: int = 2) -> float:
@@ -96,11 +97,17 @@ def _decode_job(stage: str, model: str, task: str, spec: dict, questions: int | 
     per_seq = cfg.kv_bytes(a["prompt_tokens"] + max_new, 2)
     batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
     tokens = questions * spec.get("samples", 1) * passes * a["mean_new_fraction"] * max_new
-    hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600
+    shards = spec.get("shards", 1) if stage == "eval" else 1
+    hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600 / shards  # each shard's job
+    need = math.ceil(hours * shards / a["job_limit_hours"])
     note = "DOES NOT FIT one sequence" if batch == 0 else (
-        f"over the {a['job_limit_hours']:.0f} h limit: shard it" if hours > a["job_limit_hours"] else "")
-    return Job(stage, f"{model} {task}" + (f" x {passes} rules" if passes > 1 else ""), tokens, 1, hours,
-               weights_gb(cfg) + max(batch, 1) * per_seq / 1e9, f"batch {batch}; {note}".strip("; "))
+        f"over the {a['job_limit_hours']:.0f} h limit: "
+        + (f"set shards: {need}" if stage == "eval" else "sweep fewer problems or rules")
+        if hours > a["job_limit_hours"] else "")
+    name = f"{model} {task}" + (f" x {passes} rules" if passes > 1 else "")
+    name += f" ({shards} shards)" if shards > 1 else ""
+    return Job(stage, name, tokens, 1, hours, weights_gb(cfg) + max(batch, 1) * per_seq / 1e9,
+               f"batch {batch}; {note}".strip("; "), count=shards)
 
 
 def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
@@ -114,9 +121,9 @@ def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
         part = [j for j in jobs if j.stage == stage]
         if not part:
             continue
-        lines += [f"## {stage}: {len(part)} jobs, {sum(j.tokens for j in part) / 1e6:,.0f}M tokens, "
+        lines += [f"## {stage}: {sum(j.count for j in part)} jobs, {sum(j.tokens for j in part) / 1e6:,.0f}M tokens, "
                   f"{sum(j.gpu_hours for j in part):,.0f} GPU-hours", "",
-                  "| job | tokens (M) | GPUs | wall-clock h | GPU-hours | peak GB | note |",
+                  "| job | tokens (M) | GPUs | wall-clock h (per job) | GPU-hours | peak GB | note |",
                   "|---|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {j.name} | {j.tokens / 1e6:,.1f} | {j.gpus} | {j.hours:,.1f} | {j.gpu_hours:,.1f} | "
                   f"{'' if j.peak_gb is None else f'{j.peak_gb:.1f}'} | {j.note} |" for j in part]

@@ -93,3 +93,30 @@ def test_cache_key_follows_the_weights(setup, tmp_path):
     melt_core.save_pretrained(retrained, copy, write_extra=melt_core.data.load_tokenizer(teacher).save_pretrained)
     assert weights_digest(copy) != before
     assert melt_model_config(copy, "m").model_name != f"m@{before}"
+
+
+@pytest.mark.parametrize("route, n", [(evaluate, 3), (evaluate_lighteval, 3), (evaluate, 20), (evaluate_lighteval, 20)])
+def test_sharded_questions_merge_into_the_unsharded_result(setup, route, n):
+    """A task split over n jobs by a hash of each question, merged, is the unsharded result: the same
+    questions, completions and pass@k (sampled: per-sample random streams do not see the shard); more
+    shards than questions leave some empty, which merge as nothing."""
+    from melt_core.evaluate import in_shard, merge_shards
+
+    root, paths, _, student = setup
+    spec = ModelSpec("melt", str(student))
+    task = TaskSpec(name="column_add", path=str(paths["test"]), samples=4, ks=[1, 2], temperature=1.0, top_p=0.9,
+                    max_new_tokens=6)
+    whole = route(spec, task, root / f"whole-{route.__name__}.json", seed=3)
+    name = f"{route.__name__}-{n}"
+    parts = [route(spec, TaskSpec(**{**task.__dict__, "shard": [i, n]}), root / f"s{i}-{name}.json", seed=3)
+             for i in range(n)]
+    counts = [p["n_questions"] for p in parts]
+    assert max(counts) < whole["n_questions"] == sum(counts) and (n < 8 or 0 in counts)  # split; some empty
+    merged = merge_shards([root / f"s{i}-{name}.json" for i in range(n)], root / "merged.json")
+    assert merged["metrics"] == whole["metrics"] and merged["shards"] == n
+    assert [(d["prompt"], d["completions"]) for d in merged["details"]] == \
+        [(d["prompt"], d["completions"]) for d in whole["details"]]
+    rows = [{"q": i} for i in range(100)]
+    assert sorted(sum(([r["q"] for r in rows if in_shard(r, [i, 4])] for i in range(4)), [])) == list(range(100))
+    with pytest.raises(melt_core.data.DataError, match="expected shards"):
+        merge_shards([root / f"s{i}-{name}.json" for i in range(2)], root / "bad.json")

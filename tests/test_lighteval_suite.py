@@ -11,6 +11,7 @@ from lighteval.models.model_output import ModelResponse
 from train_helpers import tiny_setup
 
 import melt_core
+from melt_core.config import ConfigError
 from melt_core.data import DataError, build_char_tokenizer
 from melt_core.dense import DenseLM
 from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval
@@ -267,3 +268,22 @@ def test_list_golds_reach_the_scorer_as_strings(tmp_path):
     docs = [config.prompt_function(r, config.name) for r in rows]
     assert [d.choices for d in docs] == [["$5$"], ["$1$, $-1$"]]
     assert "International Math competition" in docs[0].query  # lighteval's own prompt
+
+
+def test_lighteval_definitions_shard_by_question_and_merge(wide, monkeypatch):
+    """A lighteval task (its own prompt, dataset and scorer) split over shards, some empty, merges
+    into the unsharded scores; shards with a limit are refused (lighteval limits after filtering)."""
+    from melt_core.evaluate import merge_shards
+
+    root, ouro, _, aime = wide
+    greedy_until, _ = oracle({1, 3, 5})
+    monkeypatch.setattr(MeltLightevalModel, "greedy_until", greedy_until)
+    whole = evaluate_lighteval(ModelSpec("ouro", str(ouro)), aime_task(aime), root / "whole.json")
+    n = 8  # more shards than AIME_ROWS: some are empty
+    for i in range(n):
+        evaluate_lighteval(ModelSpec("ouro", str(ouro)), aime_task(aime, shard=[i, n]), root / f"s{i}.json")
+    merged = merge_shards([root / f"s{i}.json" for i in range(n)], root / "merged.json")
+    assert merged["metrics"] == whole["metrics"] and 0 < whole["metrics"]["pass@1"] < 1
+    assert [d["prompt"] for d in merged["details"]] == [d["prompt"] for d in whole["details"]]
+    with pytest.raises(ConfigError, match="applies `limit` after the shard filter"):
+        aime_task(aime, shard=[0, 2], limit=2)

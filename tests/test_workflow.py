@@ -228,3 +228,25 @@ def test_shared_phases_train_once(configfile, before, after):
             path = wildcards.split("path=")[1]
             trained += cfg["phases"][path.split("/")[-1].split("+")[0]]["steps"]
     assert trained == after
+
+
+def test_a_sharded_task_runs_as_shard_jobs_merged_into_the_unsharded_result(tmp_path):
+    """eval.tasks.<t>.shards: n splits a task over n eval jobs and rule merge_eval joins them; the
+    result equals the same task run in one job (same questions, completions and pass@k)."""
+    cfg = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
+    cfg.update(outdir=str(tmp_path / "out"), mlflow={"enabled": False}, overlays=str(ROOT / "config/default.yaml"))
+    cfg["source"]["pretrain"].update(steps=2, warmup_steps=1, exit_gate_steps=0)
+    cfg["source"]["task"].update(n_train=64)
+    task = dict(cfg["eval"]["tasks"]["digit_sum_sampled"], limit=8)
+    cfg["eval"]["tasks"] = {"whole": task, "split": dict(task, shards=3)}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    targets = [str(tmp_path / f"out/eval/ouro/{t}.json") for t in ("whole", "split")]
+    plan = _planned_jobs(smk("-n", *targets, "--configfile", str(tmp_path / "c.yaml")))
+    evals = sorted(w for rule, w in plan if rule == "eval")
+    assert [w for w in evals if "split" in w] == [f"model=ouro, task=split, shard=.shard-{i}-of-3" for i in range(3)]
+    assert ("merge_eval", "model=ouro, task=split") in plan
+    r = smk(*targets, "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    whole, split = (json.loads(Path(t).read_text()) for t in targets)
+    assert split["shards"] == 3 and split["metrics"] == whole["metrics"]
+    assert [d["completions"] for d in split["details"]] == [d["completions"] for d in whole["details"]]

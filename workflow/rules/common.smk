@@ -47,6 +47,9 @@ def _check_tasks():
         if max(ks) > samples:
             problems.append(f"eval.tasks.{name}: ks {ks} asks pass@{max(ks)} from {samples} sample(s) per "
                             f"question; set samples >= {max(ks)} or drop the larger k")
+        if spec.get("shards", 1) > 1 and spec.get("lighteval") and spec.get("limit"):
+            problems.append(f"eval.tasks.{name}: shards with limit: lighteval applies the limit after the shard "
+                            "filter, so the shards would not add up to the limited task; drop one of them")
         for key in ("path", "data_dir"):
             if spec.get(key) and not Path(spec[key]).exists():
                 problems.append(f"eval.tasks.{name}.{key}: {spec[key]} does not exist (build or fetch it first)")
@@ -205,10 +208,21 @@ def mlflow_spec(stage, **tags):
     return spec
 
 
-def eval_task_settings(task):
+def task_shards(task):
+    return config["eval"]["tasks"][task].get("shards", 1)
+
+
+SHARDED_TASKS = [t for t in config["eval"]["tasks"] if task_shards(t) > 1]
+
+
+def eval_task_settings(task, shard=""):
     """A task's eval settings as the eval job reads them; a local JSONL task without a path reads
-    the embedded task's split."""
+    the embedded task's split; ``shard`` ".shard-i-of-n" (or "") picks a shard of its questions."""
     spec = dict(config["eval"]["tasks"][task])
+    spec.pop("shards", None)
+    if shard:
+        i, n = (int(x) for x in shard.removeprefix(".shard-").split("-of-"))
+        spec["shard"] = [i, n]
     if "lighteval" not in spec:
         split = spec.pop("split", "test")
         spec.setdefault("path", f"{OUT}/data/{split}.jsonl")

@@ -2,17 +2,27 @@
 # untrained MELT, every trained run) on every task: one job per (model, task), so on a cluster the
 # ten benchmarks of a model run side by side on ten GPUs (one job per model ran them in sequence,
 # days of 32K-token sampling against the profile's 24-hour limit), and a changed task setting
-# reruns only that task's jobs.
+# reruns only that task's jobs. A task with `shards: n` splits its questions over n jobs
+# ({task}.shard-i-of-n.json, by a hash of each question) that rule merge_eval joins.
+
+
+localrules:
+    merge_eval,
+
+
+ruleorder: merge_eval > eval
 
 
 rule eval:
-    """Evaluate one model on one task: one results JSON (metrics and every question's samples)."""
+    """Evaluate one model on one task (or one shard of its questions): one results JSON."""
     input:
         unpack(lambda wc: eval_inputs(wc.model)),
     output:
-        f"{OUT}/eval/{{model}}/{{task}}.json",
+        f"{OUT}/eval/{{model}}/{{task}}{{shard}}.json",
+    wildcard_constraints:
+        shard=r"(|\.shard-\d+-of-\d+)",
     params:
-        task=lambda wc: eval_task_settings(wc.task),  # as params: a changed setting reruns it
+        task=lambda wc: eval_task_settings(wc.task, wc.shard),  # as params: a changed setting reruns it
         prefill_chunk=lambda wc: model_prefill(wc.model),
         backend=config["eval"].get("backend", "lighteval"),
         device=config["eval"].get("device", "auto"),
@@ -25,13 +35,32 @@ rule eval:
         mlflow=lambda wc: mlflow_spec("eval", task=wc.task, **model_tags(wc.model)),
     threads: 1
     log:
-        f"{OUT}/logs/eval-{{model}}/{{task}}.log",
+        f"{OUT}/logs/eval-{{model}}/{{task}}{{shard}}.log",
     benchmark:
-        f"{OUT}/benchmarks/eval-{{model}}/{{task}}.tsv"
+        f"{OUT}/benchmarks/eval-{{model}}/{{task}}{{shard}}.tsv"
     conda:
         "../../envs/melt.yaml"
     script:
         "../scripts/evaluate.py"
+
+
+rule merge_eval:
+    """A sharded task's results joined: every question once, pass@k over all of them."""
+    input:
+        lambda wc: [f"{OUT}/eval/{wc.model}/{wc.task}.shard-{i}-of-{n}.json"
+                    for n in [task_shards(wc.task)] for i in range(n)],
+    output:
+        f"{OUT}/eval/{{model}}/{{task}}.json",
+    wildcard_constraints:
+        task=_one_of(SHARDED_TASKS) if SHARDED_TASKS else "(?!)",
+    params:
+        mlflow=lambda wc: mlflow_spec("eval", task=wc.task, **model_tags(wc.model)),
+    log:
+        f"{OUT}/logs/eval-{{model}}/{{task}}.merge.log",
+    conda:
+        "../../envs/melt.yaml"
+    script:
+        "../scripts/merge_eval.py"
 
 
 rule sharing_baselines:
