@@ -17,13 +17,12 @@ saves is the footprint (T times smaller), which buys batch. The budget mode meas
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.profiler import build_random, compare_decode, decode_ratio_table
+from melt_core.profiler import build_random, compare_decode, decode_ratio_table, save_benchmark
 from melt_core.shapes import SPEED_SHAPES
 
 
@@ -48,10 +47,7 @@ def main() -> None:
         return budget_mode(models, a)
     rows = compare_decode(models, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk)
     table = decode_ratio_table(rows, "ouro", "melt", ("Ouro", "MELT"))
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"{a.shape}.json").write_text(json.dumps(rows, indent=2))
-    (a.out / f"{a.shape}.md").write_text(f"shape {a.shape}, {a.dtype}\n\n{table}\n")
-    print(table)
+    save_benchmark(a.out, a.shape, rows, f"shape {a.shape}, {a.dtype}\n\n{table}")
 
 
 def budget_mode(models: dict, a) -> None:
@@ -73,11 +69,7 @@ def budget_mode(models: dict, a) -> None:
         o, m = got["ouro"], got["melt"]
         lines.append(f"| {context} | {o['batch']} | {o['decode_tok_s']:.1f} | {m['batch']} | {m['decode_tok_s']:.1f} "
                      f"| {m['decode_tok_s'] / o['decode_tok_s']:.2f} |")
-    table = "\n".join(lines)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"{a.shape}-budget.json").write_text(json.dumps(rows, indent=2))
-    (a.out / f"{a.shape}-budget.md").write_text(table + "\n")
-    print(table)
+    save_benchmark(a.out, f"{a.shape}-budget", rows, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ shape is the real Ouro-1.4B (MELT-1.6B with its gates) in bfloat16.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
 from melt_core.early_exit import ExitRule
-from melt_core.profiler import build_random, compare_decode
+from melt_core.profiler import build_random, compare_decode, save_benchmark
 from melt_core.shapes import SPEED_SHAPES
 
 
@@ -61,11 +60,7 @@ def main() -> None:
         r["loops"], r["speedup"] = int(depth), r["decode_tok_s"] / by[f"{name}@{T}", r["context"]]
         lines.append(f"| {name} | {r['context']} | {depth} | {r['decode_tok_s']:.2f} | {r['speedup']:.2f} | "
                      f"{T / int(depth):.2f} |")
-    table = "\n".join(lines)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"{a.shape}.json").write_text(json.dumps(rows, indent=2))
-    (a.out / f"{a.shape}.md").write_text(table + "\n")
-    print(table)
+    save_benchmark(a.out, a.shape, rows, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ sequence length and batch, measured side by side in one run (the paper's Table 1
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from melt_core import ModelConfig
-from melt_core.profiler import train_throughput
+from melt_core.profiler import save_benchmark, train_throughput
 from melt_core.shapes import SPEED_SHAPES
 
 
@@ -36,12 +35,8 @@ def main() -> None:
     rows = train_throughput(cfg, a.seq_len, a.batch, a.chunks, a.steps, torch.float32)
     lines = ["| model | C | tokens/s | ratio to Ouro |", "|---|---:|---:|---:|"]
     lines += [f"| {r['model']} | {r['chunk']} | {r['tokens_per_s']:.0f} | {r['ratio_to_ouro']:.2f} |" for r in rows]
-    table = "\n".join(lines)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"{a.shape}.json").write_text(json.dumps(rows, indent=2))
-    (a.out / f"{a.shape}.md").write_text(f"shape {a.shape}, {a.layers} layers, L={a.seq_len}, batch {a.batch}\n\n"
-                                          f"{table}\n")
-    print(table)
+    save_benchmark(a.out, a.shape, rows,
+                   f"shape {a.shape}, {a.layers} layers, L={a.seq_len}, batch {a.batch}\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ Every figure is labelled ``measured`` (read off real tensors or clocks) or ``ana
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -245,6 +247,15 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
                 rows.append({"model": name, "batch": batch, "context": context, "prefill_tok_s": batch * context / ttft,
                              "ttft_s": ttft, "decode_tok_s": batch / step, "decode_step_s": step})
     return rows
+
+
+def save_benchmark(out: Path, stem: str, rows: list[dict], text: str) -> None:
+    """A benchmark's rows (``<stem>.json``) and its Markdown table (``<stem>.md``) under ``out``;
+    the table is printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=2))
+    (out / f"{stem}.md").write_text(text + "\n")
+    print(text)
 
 
 def decode_ratio_table(rows: list[dict], base: str, other: str, labels: tuple[str, str] | None = None) -> str:
