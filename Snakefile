@@ -22,6 +22,14 @@ onstart:
     init_tracking()
 
 
+onsuccess:
+    finish_tracking("FINISHED")
+
+
+onerror:
+    finish_tracking("FAILED")
+
+
 rule all:
     input:
         report_outputs(),

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+INVOCATION_ENV = "MELT_MLFLOW_INVOCATION_RUN"  # the workflow invocation's parent run, for its jobs' runs
+
 
 def stamp(msg: str) -> None:
     """A timestamped line for logs people read with tail -f or less."""

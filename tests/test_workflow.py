@@ -112,6 +112,9 @@ def test_stage_logs_to_a_real_mlflow_server(tmp_path):
         listed = urllib.request.urlopen(f"{uri}/api/2.0/mlflow/artifacts/list?run_id={run['info']['run_id']}"
                                         "&path=logs", timeout=30)
         assert [f["path"] for f in json.loads(listed.read())["files"]] == ["logs/task_data.log"]  # its log attached
+        # every rule's run is a child of one run per workflow invocation, closed when it ends
+        parent = next(r for r in runs if r["info"]["run_id"] == tags["mlflow.parentRunId"])
+        assert parent["info"]["run_name"].startswith("invocation ") and parent["info"]["status"] == "FINISHED"
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -291,4 +291,26 @@ def init_tracking():
         dead = mark_dead_runs(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
         if dead:
             print(f"MLflow: {len(dead)} run(s) left RUNNING by killed jobs marked KILLED")
+        # one parent run per invocation: every rule's run of this invocation is its child (jobs find
+        # its id in the environment, which local and sbatch jobs inherit)
+        import os
+        import time
+
+        from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger
+
+        global INVOCATION
+        targets = " ".join(sorted(getattr(getattr(workflow, "dag_settings", None), "targets", None) or ["all"]))[:200]
+        INVOCATION = make_logger(mlflow_spec("invocation"), f"invocation {time.strftime('%Y-%m-%d %H:%M')} {targets}",
+                                 {"rule": "invocation", "config_hash": config_hash(config)})
+        if INVOCATION.run_id:
+            os.environ[INVOCATION_ENV] = INVOCATION.run_id
+
+
+INVOCATION = None
+
+
+def finish_tracking(status):
+    """Close the invocation's parent run (onsuccess / onerror)."""
+    if INVOCATION is not None:
+        INVOCATION.close(status)
 

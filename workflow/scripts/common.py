@@ -20,7 +20,7 @@ if _rule is not None and _rule not in LOGIN_NODE_RULES:
 
 import torch  # noqa: E402
 
-from melt_core.tracking import config_hash, make_logger
+from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger
 
 
 @contextlib.contextmanager
@@ -33,6 +33,7 @@ def rule_context(snakemake, stage: str, run_name: str | None = None):
     logging.basicConfig(stream=stream, level=logging.INFO, force=True)
     torch.set_num_threads(max(1, snakemake.threads))
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
+    spec.setdefault("parent_run_id", os.environ.get(INVOCATION_ENV))  # a child of this invocation's run
     tags = {**spec.get("tags", {}), "rule": snakemake.rule, "config_hash": config_hash(snakemake.config),
             "mlflow.source.name": f"Snakefile rule {snakemake.rule}"}
     # short, distinct names: "phase elementwise phase1/phase2", "eval melt-scalar__full aime24", "gather"
