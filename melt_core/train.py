@@ -505,7 +505,10 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.total_steps:
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
-                logger.log_metrics({k: v for k, v in row.items() if k != "phase"}, step=step + 1)
+                # the step is MLflow's x-axis, not a metric; each parameter group's learning rate is
+                lrs = {f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups}
+                logger.log_metrics({**{k: v for k, v in row.items() if k not in ("phase", "step")}, **lrs},
+                                   step=step + 1)
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps:
             saved = _save_checkpoint(out_dir / "checkpoints" / f"step-{step + 1:07d}", step + 1, student, optimizer,
                                      cfg, d)

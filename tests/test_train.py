@@ -306,3 +306,16 @@ def test_train_config_round_trips():
     cfg = TrainConfig.from_dict(raw)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.phases[0].alpha(0) == 0.0 and cfg.phases[0].alpha(1) == 1.0
+
+
+def test_mlflow_gets_each_learning_rate_and_the_step_as_its_axis(setup, tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = cfg_for(setup, "mlflow", phases=[{"name": "phase1", "steps": 3, "alpha_start": 1.0, "alpha_end": 1.0}],
+                  mlflow={"experiment": "melt-lr", "tracking_uri": uri})
+    train(cfg)
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    run, = client.search_runs([client.get_experiment_by_name("melt-lr").experiment_id])
+    assert {"lr_model", "lr_gate", "kd", "loss"} <= set(run.data.metrics) and "step" not in run.data.metrics
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "kd")] == [1, 2, 3]
