@@ -69,7 +69,6 @@ class TaskSpec:
         if (self.path is None) == (self.lighteval is None):
             raise ConfigError(f"task {self.name!r}: give exactly one of `path` (a local JSONL) or `lighteval` "
                               "('<module>/<task>', lighteval's own definition)")
-
         if self.shard is not None and not (len(self.shard) == 2 and 0 <= self.shard[0] < self.shard[1]):
             raise ConfigError(f"task {self.name!r}: shard must be [i, n] with 0 <= i < n, got {self.shard}")
         if self.shard is not None and self.lighteval and self.limit:
@@ -220,11 +219,12 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
     records = _prepare(model_spec, task)  # fail on bad input before lighteval starts
     if records is not None and not records:  # an empty shard
         return _write_result(out_path, model_spec, task, seed, [], 0.0, logger, backend="lighteval")
+    rule = _exits(model, model_spec, task)
     config = melt_model_config(
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,
         memory_budget_gb=model_spec.memory_budget_gb,
-        template=task.template, exit=_exits(model, model_spec, task) and exit_rule(model_spec, task).as_dict(),
+        template=task.template, exit=rule.as_dict() if rule else None,
         generation_parameters=GenerationParameters(temperature=0.0 if task.greedy else task.temperature,
                                                    top_p=task.top_p))
     with tempfile.TemporaryDirectory() as tmp:
