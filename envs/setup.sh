@@ -21,18 +21,22 @@ if [[ ! -x .venv/bin/python ]] || ! cmp -s "$req" "$stamp"; then
   .venv/bin/python -c "import melt_core, torch, snakemake" # fail loudly if the install did not take
   cp "$req" "$stamp"
 fi
-# HumanEval+ scoring runs model-written code only inside bubblewrap (melt_core/sandbox.py): install
-# it where we may (root with apt); elsewhere ask for it, since scoring refuses to run without it.
-if ! command -v bwrap >/dev/null; then
+# System packages from Debian, installed where we may (root with apt), else asked for:
+# - bubblewrap: HumanEval+ scoring runs model-written code only inside it (melt_core/sandbox.py),
+#   and refuses to run without it;
+# - chromium-headless-shell: the browse check (.ci/check_browse.py) opens the MLflow UI in it.
+apt_install() {  # apt_install COMMAND PACKAGE WHY
+  command -v "$1" >/dev/null && return 0
   if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
-    echo "setup: installing bubblewrap (the sandbox for model-written code)"
+    echo "setup: installing $2 ($3)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        bubblewrap; } > .venv/apt-bubblewrap.log 2>&1 || { tail -n 20 .venv/apt-bubblewrap.log >&2; exit 1; }
+        "$2"; } > ".venv/apt-$2.log" 2>&1 || { tail -n 20 ".venv/apt-$2.log" >&2; exit 1; }
   else
-    echo "setup: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap) before scoring" \
-         "HumanEval+" >&2
+    echo "setup: $1 is missing; install it (e.g. apt-get install $2) for $3" >&2
   fi
-fi
+}
+apt_install bwrap bubblewrap "the sandbox for model-written code: HumanEval+ scoring"
+apt_install chromium-headless-shell chromium-headless-shell "the browse check of the MLflow UI"
 # `snakemake --profile NAME` searches ./NAME, then ~/.config/snakemake/NAME: link ours there
 # unless the user already has a different profile of that name.
 profiles="${XDG_CONFIG_HOME:-$HOME/.config}/snakemake"

@@ -34,16 +34,25 @@ def figures():
 
 
 def results(stand_in="digit_sum/pass@1"):
+    from report_common import Estimate
+
     runs = ["elementwise__full", "scalar__full", "mean__full", "ema__full", "last__full", "elementwise__no_align"]
-    curves = pd.DataFrame([{"run": r, "step": s, "kd": 0.1 / s, "align": 0.01 if s > 3 else 0.0,
-                            "phase": "phase1" if s <= 3 else "phase2"} for r in runs for s in range(1, 6)])
-    gates = pd.DataFrame([{"run": r, "gate": r.split("__")[0], "layer": layer, "loop": t, "mean_z": 0.5}
-                          for r in runs for layer in range(2) for t in range(1, 5)])
+    curves = pd.DataFrame([{"run": r, "seed": seed, "step": s, "kd": 0.1 / s + seed, "align": 0.01 if s > 3 else 0.0,
+                            "phase": "phase1" if s <= 3 else "phase2"}
+                           for r in runs for seed in (0, 1) for s in range(1, 6)])
+    gates = pd.DataFrame([{"run": r, "seed": seed, "gate": r.split("__")[0], "layer": layer, "loop": t, "mean_z": 0.5}
+                          for r in runs for seed in (0, 1) for layer in range(2) for t in range(1, 5)])
     scores = {"ouro": 90.0, "melt-elementwise__full": 85.0}
     return types.SimpleNamespace(
         memory=pd.DataFrame({"shape": ["ouro-1.4b", "melt-1.6b"], "kv_mb_per_token_measured": [0.786, 0.197]}),
         score=lambda model, col: scores.get(model, 0.0), columns={"MATH-500": stand_in},
-        config={"baselines": {"sharing": ["first-loop", "first-loop+prompt", "last-loop", "last-loop+prompt"]}},
+        estimate=lambda model, col: Estimate(scores.get(model, 0.0), scores.get(model, 0.0) - 4,
+                                             min(100.0, scores.get(model, 0.0) + 4), 2),
+        run_model=lambda gate, recipe: f"melt-{gate}__{recipe}", seeds=[0, 1],
+        config={"baselines": {"sharing": ["first-loop", "first-loop+prompt", "last-loop", "last-loop+prompt"]},
+                "main_run": {"gate": "elementwise", "recipe": "full"},
+                "ablations": {"gates": ["elementwise", "scalar", "mean", "ema", "last"], "gate_recipe": "full",
+                              "recipes": ["full", "no_align"]}},
         paper={"table2_memory": {"ouro-1.4b": {"kv_mb_per_token": 0.786}, "melt-1.6b": {"kv_mb_per_token": 0.197},
                                  "qwen3-1.7b-shape": {"kv_mb_per_token": 0.115}},
                "table1_main": {"MATH-500": {"ouro": 94.4, "melt": 93.4, "qwen3": 90.6}}},
@@ -67,8 +76,10 @@ def test_pareto_has_no_overprinting_labels_and_one_quantity_per_axis(figures):
     assert not ax.texts  # a legend entry per point, no annotations that stack at one x
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert len(labels) == len(set(labels)) == 6 and not any("paper" in t for t in labels)  # stand-in: no paper points
-    keys = [(tuple(c.get_facecolor()[0]), c.get_paths()[0].vertices.tobytes()) for c in ax.collections]
-    assert len(keys) == len(set(keys))
+    markers = [(line.get_color(), line.get_marker()) for line in ax.get_lines()
+               if line.get_marker() not in ("None", "", "_")]
+    assert len(markers) == len(set(markers)) == 6  # each point its own colour and marker, with an error bar
+    assert len([c for c in ax.collections if c.get_segments()]) >= 6
     plt.close(fig)
     fig, ax = draw(figures, "figure1_pareto", results("math500/pass@1"))
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -84,6 +95,20 @@ def test_training_curves_distinct_series_integer_steps_and_phase_boundaries(figu
     boundaries = [line for line in ax.get_lines() if line.get_label().startswith("_") and line.get_xdata()[0] == 3.5]
     assert boundaries  # the main run's Phase 1 -> Phase 2 boundary
     assert any("alignment" in t.get_text() for t in ax.get_legend().get_texts())  # loss terms, not only the total
+    assert any("(2 seeds)" in t.get_text() for t in ax.get_legend().get_texts())
+    assert len(ax.collections) == 6  # a band between the seeds per run
+    kd = next(line for line in ax.get_lines() if line.get_label() == "elementwise / full: KD (2 seeds)")
+    assert kd.get_ydata()[0] == pytest.approx(0.1 + 0.5)  # the mean over the seeds
+    plt.close(fig)
+
+
+def test_ablation_bars_carry_intervals(figures):
+    fig, ax = draw(figures, "ablation_accuracy", results())
+    assert len(ax.patches) == 2 + 5 + 2  # teacher, untrained, five gates, two recipes
+    caps = [line for line in ax.get_lines() if line.get_marker() == "_"]
+    assert caps  # error bars with caps
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[0].startswith("Ouro") and "gate: scalar" in labels and "recipe: no_align" in labels
     plt.close(fig)
 
 
@@ -106,13 +131,21 @@ def test_tables_name_stand_ins_and_format_by_column(tables):
 
     r = object.__new__(Results)
     r.columns, r.version = {"MATH-500": "digit_sum/pass@1", "AIME24": "aime24/pass@1"}, "v2"
-    r.score = lambda model, bench: 12.5
+    from report_common import Estimate, expand_estimates
+
+    r.estimate = lambda model, bench: Estimate(12.5, 8.25, 16.75, 3)
     assert r.stand_in("MATH-500") == "digit_sum/pass@1" and r.stand_in("AIME24") is None
     cols = tables.bench_columns(r, "m", {"MATH-500": 93.4, "AIME24": 46.7}, ("MATH-500", "AIME24"))
-    assert "MATH-500 diff" not in cols and cols["MATH-500 ours (digit_sum/pass@1)"] == 12.5  # no unlike subtraction
+    assert "MATH-500 diff" not in cols  # no unlike subtraction
+    assert cols["MATH-500 ours (digit_sum/pass@1)"].mean == 12.5
     assert cols["AIME24 diff"] == pytest.approx(12.5 - 46.7)
-    df = pd.DataFrame([{"model": "a", "KV MB/token ours": 0.196608, "acc ours": 27.272443, "decode tok/s": 1.166}])
-    assert tables.to_markdown(df, "Table 2: x").splitlines()[-1] == "| a | 0.196608 | 27.3 | 1.2 |"
+    df = pd.DataFrame([{"model": "a", "KV MB/token ours": 0.196608, "acc ours": Estimate(27.272443, 20.0, 35.04, 3),
+                        "decode tok/s": 1.166}])
+    assert tables.to_markdown(df, "Table 2: x").splitlines()[-1] == "| a | 0.196608 | 27.3 [20.0, 35.0] | 1.2 |"
+    flat = expand_estimates(df)  # the CSV: numbers in columns of their own
+    assert list(flat.columns) == ["model", "KV MB/token ours", "acc ours", "acc ours CI low", "acc ours CI high",
+                                  "decode tok/s"]
+    assert flat.iloc[0]["acc ours CI high"] == pytest.approx(35.04)
     latex = tables.to_latex(df, "Table 2/3 (v3 only): memory")
     assert r"\caption{memory}" in latex  # LaTeX numbers the table itself
 

@@ -53,3 +53,19 @@ def test_interval_and_combination():
     assert all_of([HOLDS, f"{NA} (x)"]).startswith(NA)
     with pytest.raises(ValueError, match="same non-empty questions"):
         paired_interval([1.0], [1.0, 2.0])
+
+
+def test_interval_spans_seeds():
+    """Three seeds that disagree (90%, 10%, 90%) make a wide interval that one seed's questions
+    alone would hide: against a constant 50% the claim is inconclusive, not a win."""
+    seeds = [rate(0.9), rate(0.1), rate(0.9)]
+    mean, lo, hi = paired_interval(seeds, rate(0.5))
+    assert mean == pytest.approx(100 * (0.9 + 0.1 + 0.9) / 3 - 50, abs=1)
+    one_lo = paired_interval(seeds[0], rate(0.5))[1]
+    assert lo < 0 < hi and one_lo > 30
+    assert beats(seeds, rate(0.5), TEACHER)[0] == INCONCLUSIVE
+    # seeds that agree keep a narrow interval; paired seeds (same count) cancel a shared shift
+    agree = [rate(0.9)] * 3
+    assert beats(agree, [rate(0.2)] * 3, [TEACHER])[0] == HOLDS
+    with pytest.raises(ValueError, match="same non-empty questions"):
+        paired_interval([rate(0.9)] * 3, [rate(0.5, n=N - 1)])

@@ -20,6 +20,9 @@ DOWNLOADS = {f"dense-{d}": {"kind": "hub", **spec} for d, spec in DENSE.items()}
 if config["source"]["kind"] != "pretrain":
     DOWNLOADS["ouro"] = config["source"]
 SHAPES = config["profile"]["shapes"]
+# Training seeds: each seed converts (the gates' random init) and trains every run again, and every
+# such model is evaluated; tables report the mean over seeds with an interval over seeds and questions.
+SEEDS = config["seeds"]
 
 
 def _check_names():
@@ -98,10 +101,20 @@ def recipe_path(recipe):
     return str(PurePosixPath(*(_segment(p, spec) for p in spec["phases"])))
 
 
-def run_dir(run):
-    """The directory of a (gate, recipe) run ``gate__recipe``: its last phase's."""
+def run_dir(run, seed):
+    """The directory of a (gate, recipe) run ``gate__recipe`` trained with ``seed``: its last phase's."""
     gate, recipe = run.split("__")
-    return f"{OUT}/runs/{gate}/{recipe_path(recipe)}"
+    return f"{OUT}/runs/seed{seed}/{gate}/{recipe_path(recipe)}"
+
+
+def seeded(name, seed):
+    """A model or run id of one training seed: ``melt-elementwise__full-seed1``."""
+    return f"{name}-seed{seed}"
+
+
+def init_dir(gate, seed):
+    """The converted (untrained) MELT checkpoint of one gate variant and seed."""
+    return f"{OUT}/checkpoints/seed{seed}/melt-init-{gate}"
 
 
 def path_prefixes(path):
@@ -117,10 +130,10 @@ def last_phase(path):
 PHASE_PATHS = sorted({p for _, r in training_runs() for p in path_prefixes(recipe_path(r))})
 
 
-def phase_start(gate, path):
+def phase_start(gate, path, seed):
     """What a phase starts from: the converted model, or the previous phase's final checkpoint."""
     parent = PurePosixPath(path).parent
-    return f"{OUT}/runs/{gate}/{parent}/final" if parent.parts else f"{OUT}/checkpoints/melt-init-{gate}"
+    return f"{OUT}/runs/seed{seed}/{gate}/{parent}/final" if parent.parts else init_dir(gate, seed)
 
 
 def path_phases(path):
@@ -129,16 +142,16 @@ def path_phases(path):
 
 
 def phase_steps():
-    """Training steps the DAG runs: every phase node once (shared prefixes once)."""
+    """Training steps the DAG runs: every phase node once (shared prefixes once), every seed."""
     nodes = {(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))}
-    return sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
+    return len(SEEDS) * sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
 def prefill_variants():
     """With eval.compare_prefill, the main run evaluated again under the other prefill mode: chunks
     of the training chunk size where eval prefills exactly, else exact (model id suffix @prefill-...)."""
     if not config["eval"].get("compare_prefill"):
         return []
     other = "exact" if config["eval"].get("prefill_chunk") else f"chunk{config['train']['chunk_size']}"
-    return [f"melt-{MAIN_RUN}@prefill-{other}"]
+    return [f"{seeded(f'melt-{MAIN_RUN}', s)}@prefill-{other}" for s in SEEDS]
 
 
 def model_prefill(model):
@@ -147,8 +160,17 @@ def model_prefill(model):
     return config["eval"].get("prefill_chunk") if not mode else None if mode == "exact" else int(mode[5:])
 
 
-MODELS = (["ouro", "melt-untrained"] + [f"ouro-{s}" for s in SHARING] + [f"melt-{r}" for r in RUNS]
+# model ids: the teacher and its sharing baselines once; every MELT model once per training seed
+MODELS = (["ouro"] + [f"ouro-{s}" for s in SHARING]
+          + [seeded(m, s) for s in SEEDS for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
           + prefill_variants() + [f"dense-{d}" for d in DENSE])
+
+
+def split_seed(model):
+    """``melt-elementwise__full-seed1@prefill-chunk8`` -> (``melt-elementwise__full@prefill-chunk8``, 1);
+    a model without a training seed -> (model, None)."""
+    m = re.fullmatch(r"(.*?)-seed(\d+)(@.*)?", model)
+    return (model, None) if m is None else (m[1] + (m[3] or ""), int(m[2]))
 
 
 def _one_of(names):
@@ -164,6 +186,7 @@ wildcard_constraints:
     dense=_one_of(DENSE) if DENSE else "(?!)",
     task=_one_of(TASKS),
     shape=_one_of(SHAPES),
+    seed=_one_of([str(s) for s in SEEDS]),
 
 
 def teacher_dir():
@@ -172,14 +195,14 @@ def teacher_dir():
 
 def model_checkpoint(model):
     """Checkpoint directory behind a model id of MODELS."""
-    model = model.partition("@")[0]  # a variant of a model (e.g. another prefill) uses its checkpoint
+    model, seed = split_seed(model.partition("@")[0])  # a variant (another prefill) uses its checkpoint
     if model == "ouro" or model.startswith("ouro-"):
         return teacher_dir()
     if model.startswith("dense-"):
         return f"{OUT}/checkpoints/{model}"
     if model == "melt-untrained":
-        return f"{OUT}/checkpoints/melt-init-{config['main_run']['gate']}"
-    return f"{run_dir(model.removeprefix('melt-'))}/final"
+        return init_dir(config["main_run"]["gate"], seed)
+    return f"{run_dir(model.removeprefix('melt-'), seed)}/final"
 
 
 def eval_outputs():
@@ -193,7 +216,8 @@ def profile_outputs():
 
 TABLES = ["table1_main", "table2_memory", "table3_gates", "table4_recipe", "table5_sharing",
           "table10_speed", "table11_train_throughput", "table_early_exit"]
-FIGURES = ["figure1_pareto", "training_curves", "gate_values", "memory_sweeps", "early_exit_tradeoff"]
+FIGURES = ["figure1_pareto", "training_curves", "gate_values", "ablation_accuracy", "memory_sweeps",
+           "early_exit_tradeoff"]
 
 
 def report_outputs():
@@ -235,13 +259,13 @@ REPORT_SETTINGS = ("outdir", "name", "paper_version", "report", "main_run", "abl
 def report_settings():
     """The config the gather/table/figure/claims scripts read, passed as a rule param so a change
     to any of it reruns them (a script never reads snakemake.config: tests/test_rule_params.py)."""
-    return {**{k: config[k] for k in REPORT_SETTINGS},
+    return {**{k: config[k] for k in REPORT_SETTINGS}, "seeds": SEEDS,
             "speed_shape": config["profile"]["speed_shape"], "template": config["train"]["template"]}
 
 
 def exit_models():
     """The early-exit sweep's model ids (rule early_exit); ``main`` is the main MELT run."""
-    return [f"melt-{MAIN_RUN}" if m == "main" else m for m in config["early_exit"]["models"]]
+    return [seeded(f"melt-{MAIN_RUN}", SEEDS[0]) if m == "main" else m for m in config["early_exit"]["models"]]
 
 
 EXIT_MODELS = exit_models()
@@ -251,7 +275,8 @@ def model_tags(model):
     """MLflow tags of an eval run: the model, and for a trained MELT run its gate, recipe and the
     phase path whose training run made the checkpoint (the eval links to that run)."""
     base, _, variant = model.partition("@")
-    tags = {"model": model, **({"variant": variant} if variant else {})}
+    base, seed = split_seed(base)
+    tags = {"model": model, **({"variant": variant} if variant else {}), **({"seed": seed} if seed is not None else {})}
     run = base.removeprefix("melt-")
     if run in RUNS:
         gate, recipe = run.split("__")

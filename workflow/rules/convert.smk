@@ -1,4 +1,5 @@
-# Stage 2: Ouro -> MELT conversion, one initial checkpoint per gate variant.
+# Stage 2: Ouro -> MELT conversion, one initial checkpoint per gate variant and training seed
+# (the seed draws the gates' random initialisation).
 
 
 rule convert:
@@ -6,12 +7,13 @@ rule convert:
     input:
         teacher_dir(),
     output:
-        directory(f"{OUT}/checkpoints/melt-init-{{gate}}"),
+        directory(init_dir("{gate}", "{seed}")),
     params:
         convert=config["convert"],
-        mlflow=lambda wc: mlflow_spec("convert", gate=wc.gate),
+        seed=lambda wc: int(wc.seed),
+        mlflow=lambda wc: mlflow_spec("convert", gate=wc.gate, seed=wc.seed),
     log:
-        f"{OUT}/logs/convert-{{gate}}.log",
+        f"{OUT}/logs/seed{{seed}}/convert-{{gate}}.log",
     conda:
         "../../envs/melt.yaml"
     script:

@@ -9,7 +9,7 @@ rule gather:
     input:
         evals=eval_outputs(),
         profiles=profile_outputs(),
-        runs=[f"{run_dir(r)}/final" for r in RUNS],
+        runs=[f"{run_dir(r, s)}/final" for r in RUNS for s in SEEDS],
         early_exit=expand(f"{OUT}/early_exit/{{model}}.json", model=EXIT_MODELS),
     output:
         evals=f"{OUT}/summary/evals.csv",
@@ -21,10 +21,14 @@ rule gather:
         sweeps=f"{OUT}/summary/sweeps.json",
         early_exit=f"{OUT}/summary/early_exit.csv",
     params:
-        # each (gate, recipe) run: its final checkpoint, and the run dirs of its phases in order
-        runs={r: {"final": f"{run_dir(r)}/final",
-                  "phases": [f"{OUT}/runs/{r.split('__')[0]}/{p}" for p in path_prefixes(recipe_path(r.split("__")[1]))]}
-              for r in RUNS},
+        # each (gate, recipe) run and seed: its final checkpoint, and the run dirs of its phases in order
+        runs={seeded(r, s): {"final": f"{run_dir(r, s)}/final", "run": r, "seed": s,
+                             "phases": [f"{OUT}/runs/seed{s}/{r.split('__')[0]}/{p}"
+                                        for p in path_prefixes(recipe_path(r.split("__")[1]))]}
+              for r in RUNS for s in SEEDS},
+        untrained={s: init_dir(config["main_run"]["gate"], s) for s in SEEDS},
+        # each model id as (the id without its training seed, the seed or None): the tables average seeds
+        models={m: split_seed(m) for m in MODELS},
         main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
         settings=report_settings(),
         mlflow=mlflow_spec("report"),
@@ -154,7 +158,8 @@ rule plan:
         config=config,
         models=MODELS,
         exit_models=EXIT_MODELS,
-        phase_jobs=[(g, p, config["phases"][last_phase(p)[0]]["steps"])
+        phase_jobs=[(f"seed{s}/{g}", p, config["phases"][last_phase(p)[0]]["steps"])
+                    for s in SEEDS
                     for g, p in sorted({(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))})],
         mlflow=mlflow_spec("report"),
     log:

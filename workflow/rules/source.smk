@@ -58,7 +58,7 @@ rule train_data:
         manifest=f"{OUT}/data/sft_mixture.json",
     params:
         train_data=config.get("train_data"),
-        seed=config["train"]["seed"],
+        seed=(config.get("train_data") or {}).get("seed", 0),
         mlflow=mlflow_spec("data"),
     log:
         f"{OUT}/logs/train_data.log",

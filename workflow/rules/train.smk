@@ -3,32 +3,36 @@
 # checkpoint (weights, optimizer state, step: train.handoff), the first from the converted model.
 # Runs whose recipes share a prefix share those phases' outputs: the element-wise gate's
 # no_align run IS Phase 1 of its full run. A changed phase setting reruns that phase and what
-# follows it, nothing upstream. On SLURM a phase job runs on the submit node and submits one
+# follows it, nothing upstream. Every run trains once per seed of `seeds` (runs/seed{seed}/...), from
+# that seed's conversion, with that seed's data order and RNG. On SLURM a phase job runs on the submit node and submits one
 # submitit job (multi-GPU, checkpoint-and-requeue) that it waits for.
 
 
 rule phase:
     """Train one phase of a (gate, recipe path), continuing from the phase before it."""
     input:
-        start=lambda wc: phase_start(wc.gate, wc.path),
+        start=lambda wc: phase_start(wc.gate, wc.path, wc.seed),
         teacher=teacher_dir(),
         data=lambda wc: train_records(),
     output:
-        directory(f"{OUT}/runs/{{gate}}/{{path}}/final"),
+        directory(f"{OUT}/runs/seed{{seed}}/{{gate}}/{{path}}/final"),
     params:
-        run_dir=f"{OUT}/runs/{{gate}}/{{path}}",
+        run_dir=f"{OUT}/runs/seed{{seed}}/{{gate}}/{{path}}",
+        seed=lambda wc: int(wc.seed),
         # everything that shapes this phase (and, upstream, the phases before it)
         train=config["train"],
         phases=lambda wc: path_phases(wc.path),
         switches=lambda wc: last_phase(wc.path)[1],
         launcher=config["launcher"],
-        mlflow=lambda wc: mlflow_spec("train", gate=wc.gate, phase=last_phase(wc.path)[0], path=wc.path),
-    threads: 2
+        mlflow=lambda wc: mlflow_spec("train", gate=wc.gate, phase=last_phase(wc.path)[0], path=wc.path, seed=wc.seed),
+    # one thread: the tiny models gain nothing from a second (30 steps took 20.7 s either way here),
+    # so on 2 cores two phases train side by side; on a cluster the submitit job sets its own
+    threads: 1
     localrule: config["launcher"]["backend"] == "slurm"
     log:
-        f"{OUT}/logs/phase-{{gate}}/{{path}}.log",
+        f"{OUT}/logs/seed{{seed}}/phase-{{gate}}/{{path}}.log",
     benchmark:
-        f"{OUT}/benchmarks/phase-{{gate}}/{{path}}.tsv"
+        f"{OUT}/benchmarks/seed{{seed}}/phase-{{gate}}/{{path}}.tsv"
     conda:
         "../../envs/melt.yaml"
     script:
@@ -37,14 +41,14 @@ rule phase:
 
 rule main_run:
     input:
-        f"{run_dir(MAIN_RUN)}/final",
+        [f"{run_dir(MAIN_RUN, s)}/final" for s in SEEDS],
 
 
 rule gate_ablation:
     input:
-        [f"{run_dir(r)}/final" for r in GATE_RUNS],
+        [f"{run_dir(r, s)}/final" for r in GATE_RUNS for s in SEEDS],
 
 
 rule recipe_ablation:
     input:
-        [f"{run_dir(r)}/final" for r in RECIPE_RUNS],
+        [f"{run_dir(r, s)}/final" for r in RECIPE_RUNS for s in SEEDS],

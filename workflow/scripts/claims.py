@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 from report_common import Results
@@ -126,7 +128,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
         base_model = r.run_model(gate, base) if base != "untrained" else "melt-untrained"
         before, after = q(base_model), q(r.run_model(gate, "no_chunking"))
         verdict, ci = beats(before, after, ouro)
-        if before is not None and not any(before) and not verdict.startswith(NA):
+        if before is not None and not np.any(before) and not verdict.startswith(NA):
             verdict = f"{NA} (the model compared with already scores 0, so no drop can show)"
         claim = ("Chunk-wise training is indispensable (v2: fully parallel training collapses to 0)"
                  if r.version == "v2" else
@@ -175,6 +177,9 @@ with rule_context(sm, "report") as log:
     rows = claims(results)
     lines = [f"# Paper claims checked against our runs ({sm.params.settings['name']})", "",
              f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
+             "",
+             f"Accuracies are means over the training seeds {results.seeds}; every interval is a 95% bootstrap "
+             "interval over seeds and questions (questions paired between the models compared).",
              "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
     lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
     Path(sm.output[0]).write_text("\n".join(lines) + "\n")

@@ -37,7 +37,7 @@ def rule_context(snakemake, stage: str, run_name: str | None = None):
     tags = {**spec.get("tags", {}), "rule": snakemake.rule, "config_hash": config_hash(snakemake.config),
             "mlflow.source.name": f"Snakefile rule {snakemake.rule}"}
     # short, distinct names: "phase elementwise phase1/phase2", "eval melt-scalar__full aime24", "gather"
-    name = run_name or " ".join([snakemake.rule, *(str(v) for _, v in snakemake.wildcards.items())])
+    name = run_name or " ".join([snakemake.rule, *(str(v) for _, v in snakemake.wildcards.items() if str(v))])
     logger = make_logger(spec, name, tags)
     try:
         with logger:

@@ -8,7 +8,7 @@ from common import rule_context
 from melt_core.checkpoint import convert_ouro_to_melt
 
 with rule_context(snakemake, "convert") as log:
-    opts = dict(snakemake.params.convert)
+    opts = {**snakemake.params.convert, "seed": snakemake.params.seed}  # the training seed draws the gates
     gate = snakemake.wildcards.gate
     out = convert_ouro_to_melt(snakemake.input[0], snakemake.output[0], gate=gate, **opts)
     log.log_params({"gate": gate, **opts})

@@ -44,7 +44,8 @@ def link_training_run(sm, log) -> None:
     elif getattr(sm.input, "benchmarks", None):  # hub datasets fetched by rule benchmark_data: its manifest
         log.log_dataset(sm.input.benchmarks, "evaluation", name="benchmarks manifest")
     if tags.get("trained_path"):
-        found = log.find_run({"rule": "phase", "gate": tags["gate"], "path": tags["trained_path"]})
+        found = log.find_run({"rule": "phase", "gate": tags["gate"], "path": tags["trained_path"],
+                              "seed": tags["seed"]})
         if found:
             links["training_run_id"] = found
     log.set_tags(links)

@@ -29,8 +29,10 @@ with rule_context(sm, "report"):
     rows = []
     for path in sm.input.evals:
         r = read_json(path)
+        base, seed = sm.params.models[r["model"]["name"]]
         for metric, value in r["metrics"].items():
-            rows.append({"model": r["model"]["name"], "task": r["task"]["name"], "metric": metric,
+            rows.append({"model": base, "seed": seed, "model_id": r["model"]["name"], "task": r["task"]["name"],
+                         "metric": metric,
                          "value": 100 * value, "n_questions": r["n_questions"],
                          "generated_tokens": r["generated_tokens"], "seconds": r["seconds"]})
     pd.DataFrame(rows).to_csv(sm.output.evals, index=False)
@@ -47,10 +49,10 @@ with rule_context(sm, "report"):
     shutil.copy(profile_dir / "sweeps.json", sm.output.sweeps)
 
     curves = []  # each run's curve stitched from its phases' jobs (a shared phase appears in every run)
-    for run, where in sm.params.runs.items():
+    for where in sm.params.runs.values():
         for phase_dir in where["phases"]:
             for line in (Path(phase_dir) / "metrics.jsonl").read_text().splitlines():
-                curves.append({"run": run, **json.loads(line)})
+                curves.append({"run": where["run"], "seed": where["seed"], **json.loads(line)})
     pd.DataFrame(curves).to_csv(sm.output.curves, index=False)
 
     # Learned gate values: mean z per (layer, loop) over held-out prompts, for every trained run
@@ -58,9 +60,9 @@ with rule_context(sm, "report"):
     test = read_jsonl(OUT / "data" / "test.jsonl", limit=16) if (OUT / "data" / "test.jsonl").exists() else None
     gate_rows = []
     if test is not None:
-        candidates = [(run, Path(where["final"])) for run, where in sm.params.runs.items()]
-        candidates.append(("untrained", OUT / "checkpoints" / f"melt-init-{SETTINGS['main_run']['gate']}"))
-        for run, path in candidates:
+        candidates = [(where["run"], where["seed"], Path(where["final"])) for where in sm.params.runs.values()]
+        candidates += [("untrained", seed, Path(path)) for seed, path in sm.params.untrained.items()]
+        for run, seed, path in candidates:
             model = load_pretrained(path)
             if model.config.gate not in ("elementwise", "scalar", "ema"):
                 continue
@@ -70,9 +72,10 @@ with rule_context(sm, "report"):
             z = mean_retention(model, torch.tensor([i[:width] for i in ids]))
             for layer in range(z.shape[0]):
                 for loop in range(z.shape[1]):
-                    gate_rows.append({"run": run, "gate": model.config.gate, "layer": layer, "loop": loop + 1,
-                                      "mean_z": float(z[layer, loop])})
-    pd.DataFrame(gate_rows, columns=["run", "gate", "layer", "loop", "mean_z"]).to_csv(sm.output.gates, index=False)
+                    gate_rows.append({"run": run, "seed": seed, "gate": model.config.gate, "layer": layer,
+                                      "loop": loop + 1, "mean_z": float(z[layer, loop])})
+    pd.DataFrame(gate_rows, columns=["run", "seed", "gate", "layer", "loop", "mean_z"]).to_csv(sm.output.gates,
+                                                                                              index=False)
 
     # Early exit: per (model, gate variant, rule) accuracy with its 95% bootstrap interval over
     # questions, loops per token and tokens/s, each against the same model's every-loop row.

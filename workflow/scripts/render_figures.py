@@ -36,10 +36,10 @@ def figure1_pareto(r: Results, ax):
                for v in r.config["baselines"]["sharing"]]
     markers = "osD^v<>p"
     for i, (label, model, mem) in enumerate(points):
-        acc = r.score(model, "MATH-500")
-        if acc is not None and mem is not None:
-            ax.scatter(mem, acc, s=60, marker=markers[i % len(markers)], color=STYLES[i][0], label=label,
-                       alpha=0.8, zorder=3)
+        est = r.estimate(model, "MATH-500")
+        if est is not None and mem is not None:
+            ax.errorbar(mem, est.mean, yerr=[[est.mean - est.lo], [est.hi - est.mean]], fmt=markers[i % len(markers)],
+                        markersize=7, capsize=3, color=STYLES[i][0], label=label, alpha=0.8, zorder=3)
     stand_in = r.columns.get("MATH-500", "")
     if stand_in.startswith("math500/"):
         kv_paper, acc_paper = r.paper["table2_memory"], r.paper["table1_main"].get("MATH-500", {})
@@ -52,30 +52,38 @@ def figure1_pareto(r: Results, ax):
     else:
         title = f"Accuracy vs KV memory (Figure 1); ours on the stand-in {stand_in} (paper points omitted)"
     ax.set_xlabel("KV cache MB per token (bf16, real 1.4B/1.6B shapes)")
-    ax.set_ylabel(f"accuracy % ({stand_in or 'MATH-500'})")
+    ax.set_ylabel(f"accuracy % ({stand_in or 'MATH-500'}), 95% interval")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
 def training_curves(r: Results, ax):
-    """KD (solid) and alignment (dashed) per run on one log axis, a colour per run, the main run's
-    phase boundaries as vertical lines, integer steps."""
+    """KD (solid) and alignment (dashed) per run on one log axis, a colour per run: the mean over
+    training seeds, shaded between the seeds' lowest and highest; the main run's phase boundaries
+    as vertical lines, integer steps."""
     from matplotlib.ticker import MaxNLocator
 
     for i, (run, df) in enumerate(r.curves.groupby("run")):
         colour = STYLES[i % 10][0]
-        ax.plot(df["step"], df["kd"].clip(lower=1e-12), color=colour, lw=1.2, label=f"{run_label(run)}: KD")
+        kd = df.assign(kd=df["kd"].clip(lower=1e-12)).groupby("step")["kd"]
+        seeds = df["seed"].nunique()
+        ax.plot(kd.mean().index, kd.mean(), color=colour, lw=1.2,
+                label=f"{run_label(run)}: KD" + (f" ({seeds} seeds)" if seeds > 1 else ""))
+        if seeds > 1:
+            ax.fill_between(kd.min().index, kd.min(), kd.max(), color=colour, alpha=0.15, lw=0)
         if (df["align"] > 0).any():
-            ax.plot(df["step"], df["align"].where(df["align"] > 0), color=colour, lw=1, ls="--",
+            align = df.groupby("step")["align"].mean()
+            ax.plot(align.index, align.where(align > 0), color=colour, lw=1, ls="--",
                     label=f"{run_label(run)}: alignment")
     main = r.curves[r.curves["run"] == r.main_model.removeprefix("melt-")]
+    main = main[main["seed"] == main["seed"].min()]
     for step in main["step"][main["phase"] != main["phase"].shift()].iloc[1:]:
         ax.axvline(step - 0.5, color="gray", lw=0.8, ls=":")
     ax.set_yscale("log")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step (dotted: phase boundaries of the main run)")
     ax.set_ylabel("loss term")
-    ax.set_title("Training curves: KD (solid) and alignment (dashed)", fontsize=10)
+    ax.set_title("Training curves: KD (solid) and alignment (dashed); mean over seeds, band: min-max", fontsize=10)
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 
@@ -90,15 +98,37 @@ def gate_values(r: Results, ax):
         return
     runs = list(dict.fromkeys(learned.run))
     styles = ("-", "--", ":", "-.")
-    for (run, layer), df in learned.groupby(["run", "layer"]):
-        ax.plot(df.loop, df.mean_z, marker="o", lw=1, color=STYLES[runs.index(run) % 10][0],
+    for (run, layer), df in learned.groupby(["run", "layer"]):  # the mean over training seeds
+        z = df.groupby("loop")["mean_z"].mean()
+        ax.plot(z.index, z, marker="o", lw=1, color=STYLES[runs.index(run) % 10][0],
                 ls=styles[int(layer) % len(styles)], label=f"{run_label(run)}, layer {layer}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("loop t")
     ax.set_ylabel("mean z (share of h_prev kept)")
     ax.set_ylim(0, 1)
-    ax.set_title("Learned gate values per layer and loop", fontsize=10)
+    ax.set_title("Learned gate values per layer and loop (mean over training seeds)", fontsize=10)
     ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+def ablation_accuracy(r: Results, ax):
+    """Tables 3 and 4 as bars: each gate (after the gate recipe) and each recipe (element-wise gate),
+    the mean over training seeds with its 95% interval, beside the teacher and the untrained model."""
+    col = "MATH-500"
+    gate, recipe = r.config["main_run"]["gate"], r.config["ablations"]["gate_recipe"]
+    bars = [("Ouro (teacher)", "ouro", "black"), ("untrained", "melt-untrained", "gray")]
+    bars += [(f"gate: {g}", r.run_model(g, recipe), STYLES[0][0]) for g in r.config["ablations"]["gates"]]
+    bars += [(f"recipe: {x}", r.run_model(gate, x), STYLES[1][0]) for x in r.config["ablations"]["recipes"]]
+    shown = [(label, r.estimate(model, col), colour) for label, model, colour in bars]
+    shown = [b for b in shown if b[1] is not None]
+    for i, (_, est, colour) in enumerate(shown):
+        ax.bar(i, est.mean, color=colour, alpha=0.75)
+        ax.errorbar(i, est.mean, yerr=[[est.mean - est.lo], [est.hi - est.mean]], color="black", capsize=3, lw=1)
+        ax.text(i, est.hi + 1, f"{est.mean:.1f}", ha="center", fontsize=7)
+    ax.set_xticks(range(len(shown)), [b[0] for b in shown], rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel(f"accuracy % ({r.columns.get(col, col)})")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"Gate (Table 3, recipe {recipe}) and recipe (Table 4, {gate} gate) ablations: mean over "
+                 f"{len(r.seeds)} training seed(s), 95% interval over seeds and questions", fontsize=9)
 
 
 def memory_sweeps(r: Results, ax):

@@ -9,7 +9,7 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
-from report_common import Results, diff
+from report_common import Estimate, Results, diff, expand_estimates
 
 sm = snakemake
 
@@ -20,14 +20,14 @@ def table1_main(r: Results) -> tuple[pd.DataFrame, str]:
     v = r.version
     for bench in dict.fromkeys([*r.paper["table1_main"], *r.columns]):
         paper = r.paper["table1_main"].get(bench, {})
-        ours = {"Ouro": r.score("ouro", bench), "MELT": r.score(r.main_model, bench),
-                "Qwen3-1.7B": r.score(f"dense-{dense}", bench) if dense else None}
+        ours = {"Ouro": r.estimate("ouro", bench), "MELT": r.estimate(r.main_model, bench),
+                "Qwen3-1.7B": r.estimate(f"dense-{dense}", bench) if dense else None}
         row = {"benchmark": bench, "ours stands in": r.columns.get(bench, "not measured")}
         for label, key in (("Ouro", "ouro"), ("MELT", "melt"), ("Qwen3-1.7B", "qwen3")):
             row |= {f"{label} paper {v}": paper.get(key), f"{label} ours": ours[label],
                     f"{label} diff": None if r.stand_in(bench) else diff(ours[label], paper.get(key))}
         rows.append(row)
-    return pd.DataFrame(rows), f"Table 1: main results (percent; paper {v}). {r.note}"
+    return pd.DataFrame(rows), f"Table 1: main results (percent; paper {v}). {SEEDS_NOTE(r)} {r.note}"
 
 
 def table2_memory(r: Results) -> tuple[pd.DataFrame, str]:
@@ -53,7 +53,7 @@ def bench_columns(r: Results, model: str, paper: dict, benches) -> dict:
     task), the header names it and there is no difference (it would subtract unlike things)."""
     out = {}
     for bench in benches:
-        ours, stand_in = r.score(model, bench), r.stand_in(bench)
+        ours, stand_in = r.estimate(model, bench), r.stand_in(bench)
         if stand_in:
             out |= {f"{bench} paper {r.version}": paper.get(bench), f"{bench} ours ({stand_in})": ours}
         else:
@@ -71,7 +71,7 @@ def table3_gates(r: Results) -> tuple[pd.DataFrame, str]:
         rows.append({"gate": gate, **bench_columns(r, r.run_model(gate, recipe), paper, benches),
                      f"average paper {r.version}": paper.get("average")})
     return pd.DataFrame(rows), (f"Table 3: gate variants after the `{recipe}` recipe (percent; paper "
-                                f"{r.version}). {r.note}")
+                                f"{r.version}). {SEEDS_NOTE(r)} {r.note}")
 
 
 def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
@@ -85,18 +85,19 @@ def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
                  **bench_columns(r, "melt-untrained", r.paper["table4_recipe"].get("untrained", {}),
                                  ("AIME24", "MATH-500"))})
     return pd.DataFrame(rows), (f"Table 4: training-recipe ablation, {gate} gate (percent; paper {r.version}). "
-                                f"{r.note}")
+                                f"{SEEDS_NOTE(r)} {r.note}")
 
 
 def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
-    rows = [{"variant": "ouro (full per-loop cache)", "MATH-500 ours": r.score("ouro", "MATH-500"),
-             "AIME24 ours": r.score("ouro", "AIME24")}]
+    rows = [{"variant": "ouro (full per-loop cache)", "MATH-500 ours": r.estimate("ouro", "MATH-500"),
+             "AIME24 ours": r.estimate("ouro", "AIME24")}]
     for variant, paper in r.paper["table5_sharing"].items():
-        ours = r.score(f"ouro-{variant}", "MATH-500")
+        ours = r.estimate(f"ouro-{variant}", "MATH-500")
         rows.append({"variant": variant, f"paper {r.version} (all math)": paper, "MATH-500 ours": ours,
                      "MATH-500 diff": None if r.stand_in("MATH-500") else diff(ours, paper),
-                     "AIME24 ours": r.score(f"ouro-{variant}", "AIME24")})
-    return pd.DataFrame(rows), f"Table 5: untrained KV sharing on plain Ouro weights (percent). {r.note}"
+                     "AIME24 ours": r.estimate(f"ouro-{variant}", "AIME24")})
+    return pd.DataFrame(rows), ("Table 5: untrained KV sharing on plain Ouro weights (percent, with 95% "
+                                f"intervals over questions). {r.note}")
 
 
 def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:
@@ -159,6 +160,14 @@ def table_early_exit(r: Results) -> tuple[pd.DataFrame, str]:
                  "loop's K/V to deeper loops, MELT's their memory row.")
 
 
+def SEEDS_NOTE(r: Results) -> str:  # noqa: N802 (reads as the constant sentence it is)
+    n = len(r.seeds)
+    return ("Ours: the mean over training seeds " + ", ".join(map(str, r.seeds)) + " with a 95% interval "
+            "[low, high] by bootstrap over seeds and questions (the teacher and untrained baselines have no "
+            "training seed: questions only)." if n > 1 else
+            f"Ours: one training seed ({r.seeds[0]}), with a 95% interval [low, high] over questions only.")
+
+
 def decimals(column: str) -> int:
     """One format per column, by what it holds (percent unless the header says otherwise)."""
     for key, n in (("MB/token", 6), ("ratio", 2), ("tok/s", 1), ("GB", 2), (" s ", 3), ("TTFT", 3), ("per token", 2),
@@ -171,6 +180,8 @@ def decimals(column: str) -> int:
 def fmt(v, column: str = ""):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
+    if isinstance(v, Estimate):
+        return format(v, f".{decimals(column)}f")
     if isinstance(v, float):
         return f"{v:.{decimals(column)}f}"
     return str(v)
@@ -204,7 +215,7 @@ def to_latex(df: pd.DataFrame, caption: str) -> str:
 with rule_context(sm, "report"):
     results = Results(sm.params.settings, sm.input.paper)
     frame, caption = globals()[sm.wildcards.table](results)
-    frame.to_csv(sm.output.csv, index=False)
+    expand_estimates(frame).to_csv(sm.output.csv, index=False)
     with open(sm.output.md, "w") as fh:
         fh.write(to_markdown(frame, caption))
     with open(sm.output.tex, "w") as fh:

@@ -5,8 +5,26 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
+from verdicts import interval
+
+
+class Estimate:
+    """A score (percent) over training seeds with its 95% interval, as one table cell: Markdown and
+    LaTeX print ``mean [lo, hi]``, the CSV gets the three numbers in columns of their own."""
+
+    def __init__(self, mean: float, lo: float, hi: float, seeds: int):
+        self.mean, self.lo, self.hi, self.seeds = mean, lo, hi, seeds
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.mean:{spec or '.1f'}} [{self.lo:{spec or '.1f'}}, {self.hi:{spec or '.1f'}}]"
+
+    def __sub__(self, other):
+        return self.mean - other
+
+    __str__ = __format__
 
 
 class Results:
@@ -32,27 +50,48 @@ class Results:
             self.paper.setdefault(table, {})
         self.columns = config["report"]["columns"]
         self.note = config["report"].get("note", "")
+        self.seeds = config.get("seeds", [0])
         main = config["main_run"]
         self.main_model = f"melt-{main['gate']}__{main['recipe']}"
 
-    def score(self, model: str, paper_column: str) -> float | None:
-        """Our score (percent) standing in for a paper benchmark column, or None if not measured."""
+    def _rows(self, model: str, paper_column: str) -> pd.DataFrame | None:
         spec = self.columns.get(paper_column)
         if spec is None:
             return None
         task, metric = spec.split("/")
-        hit = self.evals[(self.evals.model == model) & (self.evals.task == task) & (self.evals.metric == metric)]
-        return float(hit.value.iloc[0]) if len(hit) else None
+        return self.evals[(self.evals.model == model) & (self.evals.task == task) & (self.evals.metric == metric)]
+
+    def score(self, model: str, paper_column: str) -> float | None:
+        """Our score (percent) standing in for a paper benchmark column, the mean over the model's
+        training seeds, or None if not measured. ``model``: an id without its seed."""
+        hit = self._rows(model, paper_column)
+        return float(hit.value.mean()) if hit is not None and len(hit) else None
+
+    def estimate(self, model: str, paper_column: str) -> Estimate | None:
+        """The score with its 95% interval over seeds and questions (verdicts.interval)."""
+        scores = self.per_question(model, paper_column)
+        if scores is None:
+            return None
+        return Estimate(*interval(scores), seeds=len(scores))
 
     def per_question(self, model: str, paper_column: str):
-        """Per-question scores (percent: the share of a question's samples judged correct) behind
-        a paper column, in the task's question order; None if not evaluated."""
-        spec = self.columns.get(paper_column)
-        path = self.out / "eval" / model / f"{spec.split('/')[0]}.json" if spec else None
-        if path is None or not path.is_file():
+        """Per-question scores (percent) behind a paper column: each question's own value of the
+        column's metric (pass@1: the share of its samples judged correct; pass@k: the unbiased
+        estimate from its samples), an array (seeds, questions) in the task's question order, whose
+        mean is the table's score; None if not evaluated."""
+        hit = self._rows(model, paper_column)
+        if hit is None or not len(hit):
             return None
-        details = json.loads(path.read_text())["details"]
-        return [100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details]
+        task, metric = self.columns[paper_column].split("/")
+        rows = []
+        for model_id in sorted(hit.model_id.unique()):
+            path = self.out / "eval" / model_id / f"{task}.json"
+            if not path.is_file():
+                return None
+            details = json.loads(path.read_text())["details"]
+            rows.append([100.0 * d["scores"][metric] if metric in d.get("scores", {})
+                         else 100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details])
+        return np.asarray(rows)
 
     def stand_in(self, paper_column: str) -> str | None:
         """The task/metric that stands in for a paper benchmark when it is not that benchmark itself
@@ -69,3 +108,16 @@ class Results:
 
 def diff(ours, paper):
     return None if ours is None or paper is None else ours - paper
+
+
+def expand_estimates(df: pd.DataFrame) -> pd.DataFrame:
+    """A table for CSV: each column of Estimates becomes the mean plus ``<column> CI low/high``."""
+    out = {}
+    for col in df.columns:
+        if any(isinstance(v, Estimate) for v in df[col]):
+            out[col] = [v.mean if isinstance(v, Estimate) else v for v in df[col]]
+            out[f"{col} CI low"] = [v.lo if isinstance(v, Estimate) else None for v in df[col]]
+            out[f"{col} CI high"] = [v.hi if isinstance(v, Estimate) else None for v in df[col]]
+        else:
+            out[col] = df[col]
+    return pd.DataFrame(out)

@@ -14,7 +14,7 @@ from melt_core.launch import launch
 from melt_core.tracking import config_hash
 
 sm = snakemake
-gate, path = sm.wildcards.gate, sm.wildcards.path
+gate, path, seed = sm.wildcards.gate, sm.wildcards.path, sm.params.seed
 base = dict(sm.params.train)
 template = base.pop("template")
 seq_len = base.pop("seq_len")
@@ -26,7 +26,8 @@ train_cfg = {
     "init_from": None if first else sm.input.start,
     "teacher": sm.input.teacher,
     "out_dir": sm.params.run_dir,
-    "run_name": f"training {gate} {path}",
+    "seed": seed,  # data order, dropout-free RNG streams; the gates' init came from this seed's conversion
+    "run_name": f"training {gate} {path} seed {seed}",
     "progress": True,
     # rule train_data's mixture or the embedded task's split; the tokenizer is the teacher's own
     "data": {"sources": [{"kind": "jsonl", "path": sm.input.data, "schema": "chat"}],

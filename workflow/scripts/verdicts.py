@@ -1,8 +1,10 @@
 """Verdicts on accuracy claims that can fail and can abstain.
 
 Each comparison uses per-question scores (percent; a question's score is the mean over its
-samples) of two models on the same questions, and a paired bootstrap over questions for the 95%
-interval of their difference. A claim
+samples) of two models on the same questions, one row per training seed, and a bootstrap over
+seeds and questions (questions paired between the models; seeds paired where both have the same
+seeds, drawn independently where one has a single row, e.g. the teacher) for the 95% interval of
+their difference. A claim
 
 * **holds** when the whole interval lies on the claimed side (for "stays near": inside the margin);
 * **does not hold** when the whole interval lies on the other side;
@@ -23,22 +25,39 @@ BOOTSTRAP = 2000
 
 
 def paired_interval(a, b, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of ``a - b`` over questions and its bootstrap percentile interval."""
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if a.shape != b.shape or a.size == 0:
+    """Mean of ``a - b`` and its bootstrap percentile interval. ``a``, ``b``: per-question scores,
+    (questions,) or (seeds, questions). Each bootstrap draw resamples the questions (the same for
+    both) and the seeds (the same draw for both where their seed counts agree), and averages."""
+    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or a.size == 0 or b.size == 0:
         raise ValueError(f"paired scores need the same non-empty questions, got {a.shape} and {b.shape}")
-    d = a - b
-    idx = np.random.default_rng(seed).integers(0, d.size, size=(BOOTSTRAP, d.size))
-    means = d[idx].mean(axis=1)
+    rng = np.random.default_rng(seed)
+    n = a.shape[1]
+    counts = rng.multinomial(n, np.full(n, 1 / n), size=BOOTSTRAP)  # questions drawn with replacement
+    sa = rng.integers(0, a.shape[0], size=(BOOTSTRAP, a.shape[0]))
+    sb = sa if b.shape[0] == a.shape[0] else rng.integers(0, b.shape[0], size=(BOOTSTRAP, b.shape[0]))
+
+    def draws(x, s):  # (BOOTSTRAP,): the mean over drawn seeds of each seed's mean over drawn questions
+        per_seed = x @ counts.T / n  # (seeds, BOOTSTRAP)
+        return np.take_along_axis(per_seed.T, s, 1).mean(1)
+
+    means = draws(a, sa) - draws(b, sb)
     tail = (1 - level) / 2 * 100
-    return float(d.mean()), float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+    return (float(a.mean() - b.mean()), float(np.percentile(means, tail)),
+            float(np.percentile(means, 100 - tail)))
+
+
+def interval(a, level: float = 0.95) -> tuple[float, float, float]:
+    """One model's mean score with its 95% interval over seeds and questions."""
+    a = np.atleast_2d(np.asarray(a, dtype=float))
+    return paired_interval(a, np.zeros((1, a.shape[1])), level)
 
 
 def _gate(reference, floor: float) -> str | None:
     """NA with the reason, or None when the comparison can be judged."""
     if reference is None:
         return f"{NA} (no reference scores)"
-    if float(np.mean(reference)) < floor:
+    if float(np.mean(reference)) < floor:  # the mean over its seeds and questions
         return f"{NA} (the reference scores {np.mean(reference):.1f}% < {floor:.0f}%: it cannot do the task here)"
     return None
 
