@@ -127,7 +127,7 @@ def ablation_accuracy(r: Results, ax):
     ax.set_xticks(range(len(shown)), [b[0] for b in shown], rotation=35, ha="right", fontsize=7)
     ax.set_ylabel(f"accuracy % ({r.columns.get(col, col)})")
     ax.set_ylim(0, 105)
-    ax.set_title(f"Gate (Table 3, recipe {recipe}) and recipe (Table 4, {gate} gate) ablations: mean over "
+    ax.set_title(f"Gate (Table 3, recipe {recipe}) and recipe (Table 4, {gate} gate) ablations\nmean over "
                  f"{len(r.seeds)} training seed(s), 95% interval over seeds and questions", fontsize=9)
 
 
