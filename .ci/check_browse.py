@@ -131,8 +131,9 @@ class Chromium:
             os.dup2(high[0], 3)
             os.dup2(high[1], 4)
 
-        self.proc = subprocess.Popen([binary, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-                                      "--window-size=1600,4000", "about:blank"], pass_fds=(3, 4),
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--remote-debugging-pipe",
+                 "--window-size=1600,4000"]
+        self.proc = subprocess.Popen([binary, *flags, "about:blank"], pass_fds=(3, 4),
                                      preexec_fn=fds, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for fd in high:
             os.close(fd)
