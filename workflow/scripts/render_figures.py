@@ -80,6 +80,11 @@ def training_curves(r: Results, ax):
     for step in main["step"][main["phase"] != main["phase"].shift()].iloc[1:]:
         ax.axvline(step - 0.5, color="gray", lw=0.8, ls=":")
     ax.set_yscale("log")
+    # the first steps at alpha ~ 0 distil the teacher into itself (KD ~ 1e-10): keep them from
+    # stretching the axis over decades where nothing else lies
+    kd = r.curves["kd"][r.curves["kd"] > 0]
+    if len(kd):
+        ax.set_ylim(bottom=float(kd.quantile(0.02)) / 2)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step (dotted: phase boundaries of the main run)")
     ax.set_ylabel("loss term")
