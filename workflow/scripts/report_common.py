@@ -51,6 +51,7 @@ class Results:
         self.columns = config["report"]["columns"]
         self.note = config["report"].get("note", "")
         self.seeds = config.get("seeds", [0])
+        self._scores: dict[tuple[str, str, str], list[float] | None] = {}  # per-question scores by eval
         main = config["main_run"]
         self.main_model = f"melt-{main['gate']}__{main['recipe']}"
 
@@ -83,15 +84,20 @@ class Results:
         if hit is None or not len(hit):
             return None
         task, metric = self.columns[paper_column].split("/")
-        rows = []
-        for model_id in sorted(hit.model_id.unique()):
+        rows = [self._question_scores(model_id, task, metric) for model_id in sorted(hit.model_id.unique())]
+        return None if any(r is None for r in rows) else np.asarray(rows)
+
+    def _question_scores(self, model_id: str, task: str, metric: str) -> list[float] | None:
+        """One eval's per-question scores, read once: tables and claims ask for the same evals many
+        times, and a paper-scale results file holds every completion."""
+        key = (model_id, task, metric)
+        if key not in self._scores:
             path = self.out / "eval" / model_id / f"{task}.json"
-            if not path.is_file():
-                return None
-            details = json.loads(path.read_text())["details"]
-            rows.append([100.0 * d["scores"][metric] if metric in d.get("scores", {})
-                         else 100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details])
-        return np.asarray(rows)
+            details = json.loads(path.read_text())["details"] if path.is_file() else None
+            self._scores[key] = None if details is None else [
+                100.0 * d["scores"][metric] if metric in d.get("scores", {})
+                else 100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details]
+        return self._scores[key]
 
     def stand_in(self, paper_column: str) -> str | None:
         """The task/metric that stands in for a paper benchmark when it is not that benchmark itself
