@@ -237,7 +237,9 @@ def test_shared_phases_train_once(configfile, before, after):
 
 def test_a_sharded_task_runs_as_shard_jobs_merged_into_the_unsharded_result(tmp_path):
     """eval.tasks.<t>.shards: n splits a task over n eval jobs and rule merge_eval joins them; the
-    result equals the same task run in one job (same questions, completions and pass@k)."""
+    result equals the same task run in one job (same questions, completions and pass@k). The
+    unsharded task runs in the model's grouped job (eval.group_tasks, rule eval_model), so this
+    also holds a grouped job's results to a per-task job's."""
     cfg = yaml.safe_load((ROOT / "config/smoke.yaml").read_text())
     cfg.update(outdir=str(tmp_path / "out"), mlflow={"enabled": False}, overlays=str(ROOT / "config/default.yaml"))
     cfg["source"]["pretrain"].update(steps=2, warmup_steps=1, exit_gate_steps=0)
@@ -250,6 +252,7 @@ def test_a_sharded_task_runs_as_shard_jobs_merged_into_the_unsharded_result(tmp_
     evals = sorted(w for rule, w in plan if rule == "eval")
     assert [w for w in evals if "split" in w] == [f"model=ouro, task=split, shard=.shard-{i}-of-3" for i in range(3)]
     assert ("merge_eval", "model=ouro, task=split") in plan
+    assert ("eval_model", "model=ouro") in plan and not [w for w in evals if "whole" in w]
     r = smk(*targets, "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     whole, split = (json.loads(Path(t).read_text()) for t in targets)

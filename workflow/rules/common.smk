@@ -237,6 +237,8 @@ def task_shards(task):
 
 
 SHARDED_TASKS = [t for t in config["eval"]["tasks"] if task_shards(t) > 1]
+# eval.group_tasks: a model's unsharded tasks in one job (rule eval_model)
+GROUPED_TASKS = [t for t in TASKS if t not in SHARDED_TASKS] if config["eval"].get("group_tasks") else []
 
 
 def eval_task_settings(task, shard=""):

@@ -4,6 +4,9 @@
 # days of 32K-token sampling against the profile's 24-hour limit), and a changed task setting
 # reruns only that task's jobs. A task with `shards: n` splits its questions over n jobs
 # ({task}.shard-i-of-n.json, by a hash of each question) that rule merge_eval joins.
+# `eval.group_tasks: true` (the embedded default) runs every unsharded task of a model in one job
+# (rule eval_model) instead: there a task takes 1-3 s and a job's start (lighteval's import) ~10 s.
+# Either way each task is its own results JSON, log and MLflow run.
 
 
 localrules:
@@ -11,6 +14,23 @@ localrules:
 
 
 ruleorder: merge_eval > eval
+
+
+def eval_params(tasks):
+    """What an eval job reads (as params: a changed setting reruns it); ``tasks``: task name ->
+    its settings, one entry per output JSON in that order."""
+    return dict(
+        tasks=tasks,
+        prefill_chunk=lambda wc: model_prefill(wc.model),
+        backend=config["eval"].get("backend", "lighteval"),
+        device=config["eval"].get("device", "auto"),
+        dtype=config["eval"].get("dtype", "auto"),
+        seed=config["eval"].get("seed", 0),
+        batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
+        memory_budget_gb=config["eval"].get("memory_budget_gb"),
+        template=config["train"]["template"],
+        exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
+    )
 
 
 rule eval:
@@ -22,16 +42,7 @@ rule eval:
     wildcard_constraints:
         shard=r"(|\.shard-\d+-of-\d+)",
     params:
-        task=lambda wc: eval_task_settings(wc.task, wc.shard),  # as params: a changed setting reruns it
-        prefill_chunk=lambda wc: model_prefill(wc.model),
-        backend=config["eval"].get("backend", "lighteval"),
-        device=config["eval"].get("device", "auto"),
-        dtype=config["eval"].get("dtype", "auto"),
-        seed=config["eval"].get("seed", 0),
-        batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
-        memory_budget_gb=config["eval"].get("memory_budget_gb"),
-        template=config["train"]["template"],
-        exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
+        **eval_params(lambda wc: {wc.task: eval_task_settings(wc.task, wc.shard)}),
         mlflow=lambda wc: mlflow_spec("eval", task=wc.task, **model_tags(wc.model)),
     threads: 1
     log:
@@ -42,6 +53,31 @@ rule eval:
         "../../envs/melt.yaml"
     script:
         "../scripts/evaluate.py"
+
+
+if GROUPED_TASKS:
+
+    ruleorder: eval_model > eval
+
+    rule eval_model:
+        """Evaluate one model on every unsharded task in one job (eval.group_tasks): a JSON, a log
+        and an MLflow run per task, as rule eval writes them."""
+        input:
+            unpack(lambda wc: eval_inputs(wc.model)),
+        output:
+            [f"{OUT}/eval/{{model}}/{t}.json" for t in GROUPED_TASKS],
+        params:
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}),
+            mlflow=lambda wc: mlflow_spec("eval", **model_tags(wc.model)),
+        threads: 1
+        log:
+            [f"{OUT}/logs/eval-{{model}}/{t}.log" for t in GROUPED_TASKS],
+        benchmark:
+            f"{OUT}/benchmarks/eval-{{model}}/all-tasks.tsv"
+        conda:
+            "../../envs/melt.yaml"
+        script:
+            "../scripts/evaluate.py"
 
 
 rule merge_eval:

@@ -9,7 +9,7 @@ rule profile_memory:
         profile=config["profile"],
         prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
         mlflow=lambda wc: mlflow_spec("profile", shape=wc.shape),
-    threads: 2
+    threads: 1  # bytes, not time: it may share the machine (profile_speed has it to itself)
     resources:
         mem_mb=16000,
     log:

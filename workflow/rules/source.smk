@@ -12,6 +12,7 @@ rule task_data:
     params:
         task=config["source"].get("task"),
         mlflow=mlflow_spec("data"),
+    priority: 10
     log:
         f"{OUT}/logs/task_data.log",
     conda:
@@ -32,6 +33,7 @@ if config["source"]["kind"] == "pretrain":
             pretrain=config["source"].get("pretrain"),
             mlflow=mlflow_spec("source"),
         threads: 2
+        priority: 10  # every training job waits for it; profiling (which does not) comes after
         log:
             f"{OUT}/logs/pretrain_teacher.log",
         benchmark:

@@ -24,9 +24,13 @@ from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger
 
 
 @contextlib.contextmanager
-def rule_context(snakemake, stage: str, run_name: str | None = None):
-    """Send stdout/stderr to the rule's log, set torch threads, yield an MLflow logger."""
-    log_path = snakemake.log[0] if snakemake.log else None
+def rule_context(snakemake, stage: str, run_name: str | None = None, log_index: int = 0,
+                 tags: dict[str, str] | None = None):
+    """Send stdout/stderr to the rule's log, set torch threads, yield an MLflow logger.
+
+    A job with several results, each its own log and MLflow run (rule eval_model), enters one
+    context per result: ``log_index`` picks its log, ``tags`` go over the rule's."""
+    log_path = snakemake.log[log_index] if snakemake.log else None
     stream = open(log_path, "w") if log_path else sys.stderr
     old_out, old_err = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = stream
@@ -34,8 +38,8 @@ def rule_context(snakemake, stage: str, run_name: str | None = None):
     torch.set_num_threads(max(1, snakemake.threads))
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
     spec.setdefault("parent_run_id", os.environ.get(INVOCATION_ENV))  # a child of this invocation's run
-    tags = {**spec.get("tags", {}), "rule": snakemake.rule, "config_hash": config_hash(snakemake.config),
-            "mlflow.source.name": f"Snakefile rule {snakemake.rule}"}
+    tags = {**spec.get("tags", {}), **(tags or {}), "rule": snakemake.rule,
+            "config_hash": config_hash(snakemake.config), "mlflow.source.name": f"Snakefile rule {snakemake.rule}"}
     # short, distinct names: "phase elementwise phase1/phase2", "eval melt-scalar__full aime24", "gather"
     name = run_name or " ".join([snakemake.rule, *(str(v) for _, v in snakemake.wildcards.items() if str(v))])
     logger = make_logger(spec, name, tags)

@@ -24,8 +24,8 @@ sm = snakemake
 sweep = sm.params.sweep
 
 with rule_context(sm, "early_exit") as log:
-    spec, model, device, run = load_eval_model(sm, log)
     task_cfg = dict(sm.params.task)
+    spec, model, device, run = load_eval_model(sm, log, task_cfg)
     task = TaskSpec(template=sm.params.template, **{**task_cfg, "limit": sweep.get("limit") or task_cfg.get("limit")})
     rules = [ExitRule.from_dict(r) for r in sweep["rules"]]  # refused here, before any decoding
     variants = [("converted gate" if model.config.is_melt else "trained gate", model)]

@@ -12,9 +12,10 @@ from melt_core.evaluate import (
 )
 
 
-def load_eval_model(sm, log, **spec_kw):
+def load_eval_model(sm, log, task_cfg: dict, model=None, **spec_kw):
     """(ModelSpec, loaded model, device, run) for the job's model id (wildcard ``model``): ouro-*
-    ids are Ouro's sharing baselines; the memory budget is resolved against the loaded weights."""
+    ids are Ouro's sharing baselines; the memory budget is resolved against the loaded weights.
+    ``model``: the one an earlier task of the same job loaded (rule eval_model), reused."""
     model_id = sm.wildcards.model
     spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk, **spec_kw)
     if model_id.startswith("ouro-"):
@@ -25,20 +26,20 @@ def load_eval_model(sm, log, **spec_kw):
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
                     "prefill_chunk": spec.prefill_chunk, "backend": sm.params.backend, "device": device,
                     "dtype": str(dtype).removeprefix("torch.")})
-    model = load_model(spec, device, dtype)
+    model = load_model(spec, device, dtype) if model is None else model
     spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
     log.log_params({"memory_budget_gb": spec.memory_budget_gb})
     run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
-    link_training_run(sm, log)
+    link_training_run(sm, log, task_cfg)
     return spec, model, device, run
 
 
-def link_training_run(sm, log) -> None:
+def link_training_run(sm, log, task_cfg: dict) -> None:
     """Tag the run with the checkpoint it evaluates and, for a trained MELT run, the training run
     (rule phase) that wrote that checkpoint, so MLflow leads from a score to its loss curves."""
     tags = (sm.params.mlflow or {}).get("tags", {})
     links = {"checkpoint": str(sm.input.model)}
-    data = sm.params.task.get("path") or sm.params.task.get("data_dir")
+    data = task_cfg.get("path") or task_cfg.get("data_dir")
     if data:  # a local JSONL or a fetched benchmark copy: what this eval read, with its digest
         log.log_dataset(data, "evaluation")
     elif getattr(sm.input, "benchmarks", None):  # hub datasets fetched by rule benchmark_data: its manifest
