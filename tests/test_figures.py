@@ -47,7 +47,7 @@ def results(stand_in="digit_sum/pass@1"):
         memory=pd.DataFrame({"shape": ["ouro-1.4b", "melt-1.6b"], "kv_mb_per_token_measured": [0.786, 0.197]}),
         score=lambda model, col: scores.get(model, 0.0), columns={"MATH-500": stand_in},
         estimate=lambda model, col: Estimate(scores.get(model, 0.0), scores.get(model, 0.0) - 4,
-                                             min(100.0, scores.get(model, 0.0) + 4), 2),
+                                             min(100.0, scores.get(model, 0.0) + 4)),
         run_model=lambda gate, recipe: f"melt-{gate}__{recipe}", seeds=[0, 1],
         config={"baselines": {"sharing": ["first-loop", "first-loop+prompt", "last-loop", "last-loop+prompt"]},
                 "main_run": {"gate": "elementwise", "recipe": "full"},
@@ -133,13 +133,13 @@ def test_tables_name_stand_ins_and_format_by_column(tables):
     r.columns, r.version = {"MATH-500": "digit_sum/pass@1", "AIME24": "aime24/pass@1"}, "v2"
     from report_common import Estimate, expand_estimates
 
-    r.estimate = lambda model, bench: Estimate(12.5, 8.25, 16.75, 3)
+    r.estimate = lambda model, bench: Estimate(12.5, 8.25, 16.75)
     assert r.stand_in("MATH-500") == "digit_sum/pass@1" and r.stand_in("AIME24") is None
     cols = tables.bench_columns(r, "m", {"MATH-500": 93.4, "AIME24": 46.7}, ("MATH-500", "AIME24"))
     assert "MATH-500 diff" not in cols  # no unlike subtraction
     assert cols["MATH-500 ours (digit_sum/pass@1)"].mean == 12.5
     assert cols["AIME24 diff"] == pytest.approx(12.5 - 46.7)
-    df = pd.DataFrame([{"model": "a", "KV MB/token ours": 0.196608, "acc ours": Estimate(27.272443, 20.0, 35.04, 3),
+    df = pd.DataFrame([{"model": "a", "KV MB/token ours": 0.196608, "acc ours": Estimate(27.272443, 20.0, 35.04),
                         "decode tok/s": 1.166}])
     assert tables.to_markdown(df, "Table 2: x").splitlines()[-1] == "| a | 0.196608 | 27.3 [20.0, 35.0] | 1.2 |"
     flat = expand_estimates(df)  # the CSV: numbers in columns of their own

@@ -101,10 +101,17 @@ def recipe_path(recipe):
     return str(PurePosixPath(*(_segment(p, spec) for p in spec["phases"])))
 
 
+def phase_dir(gate, path, seed):
+    """Where the last phase of ``path`` (e.g. ``phase1/phase2``) trains for ``gate`` and ``seed``: its
+    checkpoints, metrics and ``final/``. The one place the layout is spelled (the phase rule passes
+    its wildcards, ``phase_dir("{gate}", "{path}", "{seed}")``)."""
+    return f"{OUT}/runs/seed{seed}/{gate}/{path}"
+
+
 def run_dir(run, seed):
     """The directory of a (gate, recipe) run ``gate__recipe`` trained with ``seed``: its last phase's."""
     gate, recipe = run.split("__")
-    return f"{OUT}/runs/seed{seed}/{gate}/{recipe_path(recipe)}"
+    return phase_dir(gate, recipe_path(recipe), seed)
 
 
 def seeded(name, seed):
@@ -133,7 +140,7 @@ PHASE_PATHS = sorted({p for _, r in training_runs() for p in path_prefixes(recip
 def phase_start(gate, path, seed):
     """What a phase starts from: the converted model, or the previous phase's final checkpoint."""
     parent = PurePosixPath(path).parent
-    return f"{OUT}/runs/seed{seed}/{gate}/{parent}/final" if parent.parts else init_dir(gate, seed)
+    return f"{phase_dir(gate, parent, seed)}/final" if parent.parts else init_dir(gate, seed)
 
 
 def path_phases(path):

@@ -23,7 +23,7 @@ rule gather:
     params:
         # each (gate, recipe) run and seed: its final checkpoint, and the run dirs of its phases in order
         runs={seeded(r, s): {"final": f"{run_dir(r, s)}/final", "run": r, "seed": s,
-                             "phases": [f"{OUT}/runs/seed{s}/{r.split('__')[0]}/{p}"
+                             "phases": [phase_dir(r.split("__")[0], p, s)
                                         for p in path_prefixes(recipe_path(r.split("__")[1]))]}
               for r in RUNS for s in SEEDS},
         untrained={s: init_dir(config["main_run"]["gate"], s) for s in SEEDS},

@@ -15,9 +15,9 @@ rule phase:
         teacher=teacher_dir(),
         data=lambda wc: train_records(),
     output:
-        directory(f"{OUT}/runs/seed{{seed}}/{{gate}}/{{path}}/final"),
+        directory(f"{phase_dir('{gate}', '{path}', '{seed}')}/final"),
     params:
-        run_dir=f"{OUT}/runs/seed{{seed}}/{{gate}}/{{path}}",
+        run_dir=phase_dir("{gate}", "{path}", "{seed}"),
         seed=lambda wc: int(wc.seed),
         # everything that shapes this phase (and, upstream, the phases before it)
         train=config["train"],

@@ -15,8 +15,8 @@ class Estimate:
     """A score (percent) over training seeds with its 95% interval, as one table cell: Markdown and
     LaTeX print ``mean [lo, hi]``, the CSV gets the three numbers in columns of their own."""
 
-    def __init__(self, mean: float, lo: float, hi: float, seeds: int):
-        self.mean, self.lo, self.hi, self.seeds = mean, lo, hi, seeds
+    def __init__(self, mean: float, lo: float, hi: float):
+        self.mean, self.lo, self.hi = mean, lo, hi
 
     def __format__(self, spec: str) -> str:
         return f"{self.mean:{spec or '.1f'}} [{self.lo:{spec or '.1f'}}, {self.hi:{spec or '.1f'}}]"
@@ -73,7 +73,7 @@ class Results:
         scores = self.per_question(model, paper_column)
         if scores is None:
             return None
-        return Estimate(*interval(scores), seeds=len(scores))
+        return Estimate(*interval(scores))
 
     def per_question(self, model: str, paper_column: str):
         """Per-question scores (percent) behind a paper column: each question's own value of the
