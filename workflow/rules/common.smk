@@ -248,6 +248,23 @@ SHARDED_TASKS = [t for t in config["eval"]["tasks"] if task_shards(t) > 1]
 GROUPED_TASKS = [t for t in TASKS if t not in SHARDED_TASKS] if config["eval"].get("group_tasks") else []
 
 
+def eval_params(tasks):
+    """What an eval job reads (as params: a changed setting reruns it); ``tasks``: task name ->
+    its settings, one entry per output JSON in that order."""
+    return dict(
+        tasks=tasks,
+        prefill_chunk=lambda wc: model_prefill(wc.model),
+        backend=config["eval"].get("backend", "lighteval"),
+        device=config["eval"].get("device", "auto"),
+        dtype=config["eval"].get("dtype", "auto"),
+        seed=config["eval"].get("seed", 0),
+        batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
+        memory_budget_gb=config["eval"].get("memory_budget_gb"),
+        template=config["train"]["template"],
+        exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
+    )
+
+
 def eval_task_settings(task, shard=""):
     """A task's eval settings as the eval job reads them; a local JSONL task without a path reads
     the embedded task's split; ``shard`` ".shard-i-of-n" (or "") picks a shard of its questions."""

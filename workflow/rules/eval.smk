@@ -16,23 +16,6 @@ localrules:
 ruleorder: merge_eval > eval
 
 
-def eval_params(tasks):
-    """What an eval job reads (as params: a changed setting reruns it); ``tasks``: task name ->
-    its settings, one entry per output JSON in that order."""
-    return dict(
-        tasks=tasks,
-        prefill_chunk=lambda wc: model_prefill(wc.model),
-        backend=config["eval"].get("backend", "lighteval"),
-        device=config["eval"].get("device", "auto"),
-        dtype=config["eval"].get("dtype", "auto"),
-        seed=config["eval"].get("seed", 0),
-        batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
-        memory_budget_gb=config["eval"].get("memory_budget_gb"),
-        template=config["train"]["template"],
-        exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
-    )
-
-
 rule eval:
     """Evaluate one model on one task (or one shard of its questions): one results JSON."""
     input:
