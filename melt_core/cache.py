@@ -107,6 +107,32 @@ class RowStore:
         self._joined = None
         self.length += rows[0].shape[-2]
 
+    # continuous batching (buffer mode): see KVCache.adopt / shift / select
+    def shift(self, d: int) -> None:
+        """Move every row's slots by ``d``: left (< 0) drops the first -d slots, right (> 0) opens
+        d empty slots at the front."""
+        if self._buf is None:
+            raise RuntimeError("only a preallocated, written cache can be shifted")
+        if not 0 <= self.length + d <= self.capacity:
+            raise CacheCapacityError(f"cannot shift {self.length} slots by {d} within capacity {self.capacity}")
+        for b in self._buf:
+            if d < 0:
+                b[..., :self.length + d, :] = b[..., -d:self.length, :].clone()
+            elif d > 0:
+                b[..., d:self.length + d, :] = b[..., :self.length, :].clone()
+        self.length += d
+
+    def adopt(self, rows: Tensor, other: RowStore) -> None:
+        """Batch rows ``rows`` take ``other``'s rows (one per row, other.length slots) as their last
+        slots."""
+        n = other.length
+        for b, o in zip(self._buf, other._buf):
+            b[rows, :, self.length - n:self.length] = o[:, :, :n]
+
+    def select(self, keep: Tensor) -> None:
+        """Keep batch rows ``keep`` only (the others' buffers are freed)."""
+        self._buf = tuple(b.index_select(0, keep) for b in self._buf)
+
     def nbytes(self) -> int:
         """Bytes of tensor storage this store holds (the whole buffer in buffer mode)."""
         if self._buf is not None:
@@ -176,6 +202,58 @@ class KVCache:
         if self.rows is None or mask is None or mask.shape[0] == 1:
             return mask
         return mask.index_select(0, self.rows)
+
+    # ------------------------------------------------------- continuous batching
+    # The rows of a batch share one slot axis: slot s is written for every row at the same step.
+    # A row that finishes takes a new prompt, prefilled in a cache of its own: ``adopt`` copies
+    # that cache's P slots into the row's last P slots [seen - P, seen) and marks its older slots
+    # invalid (RoPE positions are per row, attention is masked per row, so the row decodes as it
+    # would alone). ``shift`` moves every row's slots left when the buffers are full (dropping
+    # slots no row reads any more) or right to make room for a prompt longer than the slots so
+    # far; ``select`` drops finished rows when no prompt is left to take their place.
+    @property
+    def supports_refill(self) -> bool:
+        return self.capacity is not None
+
+    def _valid_full(self, batch: int) -> Tensor:
+        if self.valid is not None:
+            return self.valid
+        dev = self._stores()[0]._buf[0].device
+        return torch.ones(batch, self.seen, dtype=torch.bool, device=dev)
+
+    def free_slots(self) -> int:
+        """Leading slots no row reads (its padding, or an earlier occupant's tokens)."""
+        if self.valid is None:
+            return 0
+        return int(self.valid.int().argmax(dim=1).min())
+
+    def shift(self, d: int) -> None:
+        if d < 0 and -d > self.free_slots():
+            raise RuntimeError(f"cannot drop {-d} slots: a row still reads slot {self.free_slots()}")
+        for store in self._stores():
+            store.shift(d)
+        batch = self._stores()[0]._buf[0].shape[0]
+        valid = self._valid_full(batch)
+        self.valid = valid[:, -d:] if d < 0 else torch.cat(
+            (torch.zeros(batch, d, dtype=torch.bool, device=valid.device), valid), dim=1)
+        self.seen += d
+
+    def adopt(self, rows: Tensor, other: KVCache) -> None:
+        """Batch rows ``rows`` take the sequences ``other`` holds (prefilled, other.seen <= seen)."""
+        if other.seen > self.seen:
+            raise RuntimeError(f"shift right by {other.seen - self.seen} slots before adopting")
+        for mine, theirs in zip(self._stores(), other._stores()):
+            mine.adopt(rows, theirs)
+        valid = self._valid_full(self._stores()[0]._buf[0].shape[0]).clone()
+        valid[rows, :self.seen - other.seen] = False
+        valid[rows, self.seen - other.seen:] = other._valid_full(len(rows))
+        self.valid = valid
+
+    def select(self, keep: Tensor) -> None:
+        for store in self._stores():
+            store.select(keep)
+        if self.valid is not None:
+            self.valid = self.valid.index_select(0, keep)
 
     # ------------------------------------------------------------------- masking
     def _mask(self, first_slot: int, window: int = 0, chunk_causal: bool = True) -> Tensor | None:
@@ -366,6 +444,46 @@ class SharedKVCache(KVCache):
 
     def _stores(self):
         return self.final
+
+    # continuous batching: the window's per-loop rows follow their slots
+    @property
+    def supports_refill(self):
+        return super().supports_refill and self.prompt is None and self.base is None
+
+    def _map_recent(self, fn) -> None:
+        for per_loop in self.recent:
+            for t, entry in enumerate(per_loop):
+                if entry is not None:
+                    per_loop[t] = fn(*entry)
+
+    def shift(self, d):
+        super().shift(d)
+
+        def moved(k, v, slots):
+            slots, keep = slots + d, slots + d >= 0  # slots shifted out are dropped
+            return k[..., keep, :], v[..., keep, :], slots[keep]
+        self._map_recent(moved)
+
+    def adopt(self, rows, other):
+        super().adopt(rows, other)
+        for mine, theirs in zip(self.recent, other.recent):
+            for t, entry in enumerate(theirs):
+                if entry is None:
+                    continue
+                ok, ov, _ = entry
+                k, v, slots = mine[t]
+                n, missing = ok.shape[-2], ok.shape[-2] - k.shape[-2]
+                if missing > 0:  # after a right shift: slots no other row reads, zero-filled
+                    pad = k.new_zeros((*k.shape[:-2], missing, k.shape[-1]))
+                    k, v = torch.cat((pad, k), dim=-2), torch.cat((pad, v), dim=-2)
+                    slots = torch.cat((torch.arange(self.seen - n, self.seen - n + missing, device=slots.device),
+                                       slots))
+                k[rows, :, -n:], v[rows, :, -n:] = ok, ov
+                mine[t] = (k, v, slots)
+
+    def select(self, keep):
+        super().select(keep)
+        self._map_recent(lambda k, v, slots: (k.index_select(0, keep), v.index_select(0, keep), slots))
 
     def _window_mask(self, slots: Tensor) -> Tensor:
         key = "window"

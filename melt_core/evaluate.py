@@ -89,6 +89,7 @@ class ModelSpec:
     keep_prompt: bool = False  # Ouro sharing modes: keep the prompt's per-loop cache
     prefill_chunk: int | None = None  # MELT: None = token-by-token (exact), C = chunked
     memory_budget_gb: float | None = None  # batches sized to fit it (generate.plan_batch); None: as given
+    batching: str = "continuous"  # or "static" (generate())
     exit: dict[str, Any] | None = None  # early-exit rule (melt_core/early_exit.py); None: every loop
 
 
@@ -190,7 +191,8 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
     budget = None if model_spec.memory_budget_gb is None else int(model_spec.memory_budget_gb * 1e9)
     outs = generate(model, prompts, params, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
                     prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size,
-                    memory_budget_bytes=budget, exit_rule=_exits(model, model_spec, task))
+                    memory_budget_bytes=budget, exit_rule=_exits(model, model_spec, task),
+                    batching=model_spec.batching)
     seconds = time.perf_counter() - t0
     details = []
     for rec, gold, samples in zip(records, golds, outs):
@@ -223,7 +225,7 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
     config = melt_model_config(
         model_spec.path, model_spec.name, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
         prefill_chunk=model_spec.prefill_chunk, seed=seed, batch_size=batch_size, device=device,
-        memory_budget_gb=model_spec.memory_budget_gb,
+        memory_budget_gb=model_spec.memory_budget_gb, batching=model_spec.batching,
         template=task.template, exit=rule.as_dict() if rule else None,
         generation_parameters=GenerationParameters(temperature=0.0 if task.greedy else task.temperature,
                                                    top_p=task.top_p))

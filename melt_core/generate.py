@@ -2,13 +2,21 @@
 
 Prompts of different lengths are left-padded; padding is masked out of attention and RoPE
 positions start at each prompt's first real token, so a batch decodes exactly as its
-prompts would one at a time. Sampling draws from one ``torch.Generator`` seeded by
-``SamplingParams.seed``: same seed, same completions.
+prompts would one at a time. Each (prompt, sample) draws from its own ``torch.Generator``, seeded
+from ``SamplingParams.seed``, the prompt and the sample's number: same seed, same completions,
+whatever the batch.
+
+Batches are continuous by default: a row whose completion ends takes the next pending
+(prompt, sample) at once; its prompt is prefilled in a cache of its own and adopted into the
+row's slots of the batch's cache (``KVCache.adopt``), so the batch stays full until the work runs
+out, instead of waiting for its longest completion (reasoning traces run from hundreds to tens of
+thousands of tokens). Static batches remain an option (``batching="static"``).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +24,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .cache import KVCache
 from .config import ConfigError
 from .early_exit import ExitRule, decode_step
 from .model import LoopedLM
@@ -108,13 +117,15 @@ def activation_bytes_per_sequence(model, prompt_tokens: int, prefill_chunk: int 
 
 def plan_batch(model, prompts: Sequence[Sequence[int]], params: SamplingParams, budget_bytes: int,
                cache_mode: str = "default", keep_prompt: bool = False, prefill_chunk: int | None = None,
-               where: str = "") -> int:
+               where: str = "", refill: bool = False) -> int:
     """The most sequences of this request that fit ``budget_bytes`` beside the weights; an error
-    naming the bytes needed when not even one does."""
+    naming the bytes needed when not even one does. ``refill`` (continuous batching): a row that
+    takes a new prompt also holds that prompt's own cache while it is prefilled."""
     weights = sum(t.numel() * t.element_size() for t in model.parameters())
     longest = max(len(p) for p in prompts)
     per_seq = (cache_bytes_per_sequence(model, longest + params.max_new_tokens, cache_mode, keep_prompt)
-               + activation_bytes_per_sequence(model, longest, prefill_chunk))
+               + activation_bytes_per_sequence(model, longest, prefill_chunk)
+               + (cache_bytes_per_sequence(model, longest, cache_mode, keep_prompt) if refill else 0))
     fits = (budget_bytes - weights) // per_seq
     if fits < 1:
         raise ConfigError(
@@ -130,7 +141,7 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
              cache_mode: str = "default", keep_prompt: bool = False,
              prefill_chunk: int | None = None, tokenizer=None, batch_size: int | None = None,
              memory_budget_bytes: int | None = None, progress: bool = False,
-             exit_rule: ExitRule | None = None) -> list[list[Completion]]:
+             exit_rule: ExitRule | None = None, batching: str = "continuous") -> list[list[Completion]]:
     """``params.n`` completions for each prompt (lists of token ids).
 
     prefill_chunk: MELT and the sharing modes default to 1 (token-by-token prefill, exact);
@@ -140,98 +151,178 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
     memory_budget_bytes: size the batches so weights + caches + activations fit (plan_batch).
     exit_rule: stop each decoded token's loops early (melt_core/early_exit.py); the prompt runs
     every loop. Each completion's ``loops`` says how many loops each of its tokens took.
+    batching: ``continuous`` (a finished row takes the next pending (prompt, sample) at once, so
+    the batch stays full; rows leave when none is pending) or ``static`` (each batch runs until
+    its longest completion ends). A cache that cannot take rows in (a kept prompt, a dense
+    model's) runs static batches. Completions do not depend on it: each (prompt, sample) samples
+    from its own seeded stream and is masked and positioned as if alone.
     """
     if any(len(p) == 0 for p in prompts):
         raise ConfigError("every prompt needs at least one token (prepend BOS to an empty prompt)")
     if params.stop_strings and tokenizer is None:
         raise ConfigError("stop_strings need a tokenizer to decode the completions")
+    if batching not in ("continuous", "static"):
+        raise ConfigError(f"batching must be 'continuous' or 'static', got {batching!r}")
+    longest = max(len(p) for p in prompts)
+    if longest + params.max_new_tokens > model.config.max_position_embeddings:
+        raise ConfigError(f"prompt ({longest}) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                          f"max_position_embeddings={model.config.max_position_embeddings}")
     rows = [list(p) for p in prompts for _ in range(params.n)]
     batch_size = batch_size or len(rows)
     if memory_budget_bytes is not None:  # no larger than what fits: the batch is sized from memory
         batch_size = min(batch_size, plan_batch(model, prompts, params, memory_budget_bytes, cache_mode,
-                                                keep_prompt, prefill_chunk))
+                                                keep_prompt, prefill_chunk, refill=batching == "continuous"))
     device = model.lm_head.weight.device
     generators = [torch.Generator(device=device).manual_seed(sample_seed(params.seed, p, j))
                   for p in prompts for j in range(params.n)]
-    done: list[Completion] = []
-    for start in range(0, len(rows), batch_size):
-        done += _generate_batch(model, rows[start:start + batch_size], params, generators[start:start + batch_size],
-                                cache_mode, keep_prompt, prefill_chunk, tokenizer, progress, exit_rule)
+    decoder = _Decoder(model, params, cache_mode, keep_prompt, prefill_chunk, tokenizer, exit_rule)
+    done = decoder.run(rows, generators, batch_size, batching == "continuous", progress)
     return [done[i * params.n:(i + 1) * params.n] for i in range(len(prompts))]
 
 
-def _generate_batch(model, prompts, params, generators, cache_mode, keep_prompt, prefill_chunk,
-                    tokenizer, progress, exit_rule) -> list[Completion]:
-    cfg = model.config
-    device = model.lm_head.weight.device
-    longest = max(len(p) for p in prompts)
-    if longest + params.max_new_tokens > cfg.max_position_embeddings:
-        raise ConfigError(f"prompt ({longest}) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                          f"max_position_embeddings={cfg.max_position_embeddings}")
-    ids, mask = _left_pad(prompts, cfg.pad_token_id or 0, device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = model.new_cache(capacity=longest + params.max_new_tokens, mode=cache_mode,
-                            keep_prompt=keep_prompt)
-    exits = exit_rule is not None and exit_rule.stops_early(model.num_loops)
-    if exits:
-        try:
-            cache.check_exits()  # before any work
-        except RuntimeError as err:
-            raise ConfigError(f"early exit with cache mode {cache_mode!r}: {err}") from None
-    if prefill_chunk is None and (cfg.is_melt or cache_mode != "default") and not keep_prompt:
-        prefill_chunk = 1
-    out = model(ids, cache=cache, positions=positions, attention_mask=mask,
-                chunk_size=prefill_chunk, align_chunks_to_end=True, logits="last")
-    cache.end_prompt()
-    logits = out.logits[:, -1]
-    step_loops = torch.full((len(prompts),), model.num_loops, dtype=torch.long, device=device)
-    loops = []  # per step: (B,) loops behind that step's token
-    next_pos = positions[:, -1:] + 1
-    stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
-    generated = torch.empty((len(prompts), 0), dtype=torch.long, device=device)
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    reasons = ["length"] * len(prompts)
-    texts: list[str | None] = [None] * len(prompts)
-    # tokens whose decoding surely holds a stop string that the newest token completed (every token
-    # decodes to >= 1 character except byte pieces of one character, <= 4 per character)
-    stop_window = 4 * max(map(len, params.stop_strings), default=0) + 8
-    steps = tqdm(range(params.max_new_tokens), desc="decode", disable=not progress, leave=False)
-    for step in steps:
-        token = sample_next(logits, params, generators)
-        loops.append(step_loops)
-        token = torch.where(finished, torch.full_like(token, cfg.pad_token_id or 0), token)
-        generated = torch.cat((generated, token[:, None]), dim=1)
-        hit = ~finished & torch.isin(token, stop_ids)
-        for row in hit.nonzero().flatten().tolist():
-            reasons[row] = "stop"
-        finished |= hit
-        if params.stop_strings:  # only the new tail can complete a stop string: linear in all
-            for row in (~finished).nonzero().flatten().tolist():
-                tail = tokenizer.decode(generated[row, -stop_window:].tolist())
-                if any(s in tail for s in params.stop_strings):
-                    text = tokenizer.decode(generated[row].tolist())  # once per row, at its stop
-                    cut = min(text.find(s) for s in params.stop_strings if s in text)
-                    finished[row], reasons[row], texts[row] = True, "stop", text[:cut]
-        if bool(finished.all()) or step == params.max_new_tokens - 1:
-            break
-        if exits:
-            logits, step_loops = decode_step(model, token[:, None], cache, next_pos, exit_rule)
-        else:
-            logits = model(token[:, None], cache=cache, positions=next_pos, logits="last").logits[:, -1]
-        next_pos = next_pos + 1
-    loops = torch.stack(loops, dim=1).tolist()  # (B, steps)
-    completions = []
-    for row in range(len(prompts)):
-        tokens = generated[row].tolist()
-        if reasons[row] == "stop" and texts[row] is None:  # cut after the stop token
-            first = next(i for i, t in enumerate(tokens) if t in params.stop_token_ids)
-            tokens = tokens[:first + 1]
-        elif texts[row] is not None:
-            tokens = _trim_to_text(tokens, texts[row], tokenizer)
-        text = texts[row] if texts[row] is not None else (
-            tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None)
-        completions.append(Completion(tokens, reasons[row], text, loops[row][:len(tokens)]))
-    return completions
+class _Row:
+    """One (prompt, sample) being decoded: its tokens so far and why it ended."""
+
+    __slots__ = ("index", "generator", "tokens", "loops", "reason", "text")
+
+    def __init__(self, index: int, generator: torch.Generator):
+        self.index, self.generator = index, generator
+        self.tokens: list[int] = []
+        self.loops: list[int] = []  # per token: the loops behind it
+        self.reason: str | None = None  # None while decoding, then "stop" or "length"
+        self.text: str | None = None  # cut before a stop string
+
+    def push(self, token: int, loops: int, params: SamplingParams, tokenizer, stop_window: int) -> bool:
+        """Take the next token; True when the row has ended."""
+        self.tokens.append(token)
+        self.loops.append(loops)
+        if token in params.stop_token_ids:
+            self.reason = "stop"
+        elif params.stop_strings:  # only the new tail can complete a stop string: linear in all
+            tail = tokenizer.decode(self.tokens[-stop_window:])
+            if any(s in tail for s in params.stop_strings):
+                text = tokenizer.decode(self.tokens)  # once per row, at its stop
+                cut = min(text.find(s) for s in params.stop_strings if s in text)
+                self.reason, self.text = "stop", text[:cut]
+        if self.reason is None and len(self.tokens) == params.max_new_tokens:
+            self.reason = "length"
+        return self.reason is not None
+
+    def completion(self, tokenizer) -> Completion:
+        tokens, text = self.tokens, self.text
+        if text is not None:
+            tokens = _trim_to_text(tokens, text, tokenizer)
+        elif tokenizer is not None:
+            text = tokenizer.decode(tokens, skip_special_tokens=True)
+        return Completion(tokens, self.reason, text, self.loops[:len(tokens)])
+
+
+class _Decoder:
+    """Prefills and decodes batches of rows for generate()."""
+
+    def __init__(self, model, params, cache_mode, keep_prompt, prefill_chunk, tokenizer, exit_rule):
+        cfg = model.config
+        self.model, self.params, self.tokenizer = model, params, tokenizer
+        self.cache_mode, self.keep_prompt = cache_mode, keep_prompt
+        if prefill_chunk is None and (cfg.is_melt or cache_mode != "default") and not keep_prompt:
+            prefill_chunk = 1
+        self.prefill_chunk = prefill_chunk
+        self.exit_rule = exit_rule if exit_rule is not None and exit_rule.stops_early(model.num_loops) else None
+        self.pad = cfg.pad_token_id or 0
+        self.device = model.lm_head.weight.device
+        # tokens whose decoding surely holds a stop string that the newest token completed (every
+        # token decodes to >= 1 character except byte pieces of one character, <= 4 per character)
+        self.stop_window = 4 * max(map(len, params.stop_strings), default=0) + 8
+
+    def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[KVCache, Tensor, Tensor]:
+        """A cache holding the left-padded ``prompts``, the next-token logits (B, V) and the next
+        positions (B, 1)."""
+        ids, mask = _left_pad(prompts, self.pad, self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self.model.new_cache(capacity=capacity, mode=self.cache_mode, keep_prompt=self.keep_prompt)
+        if self.exit_rule is not None:
+            try:
+                cache.check_exits()  # before any work
+            except RuntimeError as err:
+                raise ConfigError(f"early exit with cache mode {self.cache_mode!r}: {err}") from None
+        out = self.model(ids, cache=cache, positions=positions, attention_mask=mask,
+                         chunk_size=self.prefill_chunk, align_chunks_to_end=True, logits="last")
+        cache.end_prompt()
+        return cache, out.logits[:, -1], positions[:, -1:] + 1
+
+    def step(self, tokens: list[int], cache, positions: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Decode one token per row: the next logits (B, V) and the loops each row ran."""
+        token = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
+        if self.exit_rule is not None:
+            return decode_step(self.model, token, cache, positions, self.exit_rule)
+        return self.model(token, cache=cache, positions=positions, logits="last").logits[:, -1], None
+
+    def sample(self, logits: Tensor, rows: list[_Row], loops: Tensor | None) -> tuple[list[int], list[int]]:
+        tokens = sample_next(logits, self.params, [r.generator for r in rows]).tolist()
+        return tokens, [self.model.num_loops] * len(rows) if loops is None else loops.tolist()
+
+    def run(self, prompts: list[list[int]], generators: list[torch.Generator], batch_size: int,
+            continuous: bool, progress: bool) -> list[Completion]:
+        done: list[Completion | None] = [None] * len(prompts)
+        pending = deque(range(len(prompts)))
+        probe = self.model.new_cache(capacity=1, mode=self.cache_mode, keep_prompt=self.keep_prompt)
+        continuous = continuous and getattr(probe, "supports_refill", False)
+        bar = tqdm(total=len(prompts), desc="generate", unit="seq", disable=not progress, leave=False)
+        while pending:
+            take = [pending.popleft() for _ in range(min(batch_size, len(pending)))]
+            # a continuous batch's slots must hold any prompt that may come; a static one's, its own
+            capacity = max(len(prompts[i]) for i in (range(len(prompts)) if continuous else take))
+            cache, logits, positions = self.prefill([prompts[i] for i in take], capacity + self.params.max_new_tokens)
+            rows = [_Row(i, generators[i]) for i in take]
+            tokens, loops = self.sample(logits, rows, None)
+            while True:
+                for j, row in enumerate(rows):
+                    if row.reason is None and row.push(tokens[j], loops[j], self.params, self.tokenizer,
+                                                       self.stop_window):
+                        done[row.index] = row.completion(self.tokenizer)
+                        bar.update()
+                if continuous:
+                    rows, tokens, loops, positions = self._refill(
+                        cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar)
+                if all(r.reason is not None for r in rows):
+                    break
+                if continuous and cache.seen == cache.capacity:  # every row still reads < capacity slots
+                    cache.shift(-cache.free_slots())
+                tokens = [self.pad if r.reason is not None else t for r, t in zip(rows, tokens)]
+                logits, step_loops = self.step(tokens, cache, positions)
+                positions = positions + 1
+                tokens, loops = self.sample(logits, rows, step_loops)
+        bar.close()
+        return done
+
+    def _refill(self, cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar):
+        """Ended rows take pending (prompt, sample)s, prefilled together and adopted into their
+        slots; their first tokens are sampled at once (and may end them again). Rows left ended
+        when nothing is pending leave the batch."""
+        while pending and (free := [j for j, r in enumerate(rows) if r.reason is not None]):
+            take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+            free = free[:len(take)]
+            new_cache, new_logits, new_positions = self.prefill([prompts[i] for i in take],
+                                                                max(len(prompts[i]) for i in take))
+            if new_cache.seen > cache.seen:  # room for a prompt longer than the slots so far
+                cache.shift(new_cache.seen - cache.seen)
+            slots = torch.tensor(free, device=self.device)
+            cache.adopt(slots, new_cache)
+            positions = positions.index_put((slots,), new_positions)
+            new_rows = [_Row(i, generators[i]) for i in take]
+            new_tokens, new_loops = self.sample(new_logits, new_rows, None)
+            for j, row, token, n in zip(free, new_rows, new_tokens, new_loops):
+                rows[j], tokens[j], loops[j] = row, token, n
+                if row.push(token, n, self.params, self.tokenizer, self.stop_window):
+                    done[row.index] = row.completion(self.tokenizer)
+                    bar.update()
+        keep = [j for j, r in enumerate(rows) if r.reason is None]
+        if 0 < len(keep) < len(rows):
+            index = torch.tensor(keep, device=self.device)
+            cache.select(index)
+            rows, tokens, loops = [rows[j] for j in keep], [tokens[j] for j in keep], [loops[j] for j in keep]
+            positions = positions.index_select(0, index)
+        return rows, tokens, loops, positions
 
 
 def _trim_to_text(tokens: list[int], text: str, tokenizer) -> list[int]:

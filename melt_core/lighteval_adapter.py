@@ -80,6 +80,7 @@ class MeltModelConfig(LightevalModelConfig):
     batch_size: int = 16
     device: str = "cpu"
     memory_budget_gb: float | None = None  # batches no larger than what fits (generate.plan_batch)
+    batching: str = "continuous"  # finished rows refilled at once, or "static" (generate())
     exit: dict | None = None  # early-exit rule (melt_core.early_exit.ExitRule); None: every loop
 
 
@@ -151,7 +152,7 @@ class MeltLightevalModel(LightevalModel):
                             keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
                             tokenizer=self._tokenizer, batch_size=self.config.batch_size,
                             memory_budget_bytes=None if self.config.memory_budget_gb is None
-                            else int(self.config.memory_budget_gb * 1e9),
+                            else int(self.config.memory_budget_gb * 1e9), batching=self.config.batching,
                             exit_rule=None if self.config.exit is None else ExitRule.from_dict(self.config.exit))
             for i, samples in zip(idx, outs):
                 self.loops[texts[i]] = [sum(o.loops or []) for o in samples]

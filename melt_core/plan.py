@@ -24,7 +24,8 @@ ASSUMPTIONS = {
     "prompt_tokens": 300,  # a benchmark prompt in the chat template
     "mean_new_fraction": 0.5,  # a reasoning trace uses on average half of max_new_tokens
     # decode tokens/s of ONE sequence at batch 1 on an H100 (paper v3 Table 10); a batch of b
-    # sequences is assumed to decode b times as many (memory-bound decoding; optimistic at large b)
+    # sequences is assumed to decode b times as many (memory-bound decoding; optimistic at large b),
+    # the batch kept full by continuous batching (eval.batching; static batches wait for their longest)
     "decode_tok_s": {"ouro": 13.5, "melt": 8.5, "dense": 41.6},
     # training: the paper's main run, 320M tokens in 720 H100-hours (v3, Appendix C)
     "train_tok_s_per_gpu": 320e6 / (720 * 3600),

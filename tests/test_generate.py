@@ -6,7 +6,10 @@ import pytest
 import torch
 from helpers import make_melt
 
+import melt_core
 from melt_core import ConfigError
+from melt_core.cache import KVCache
+from melt_core.early_exit import ExitRule
 from melt_core.generate import SamplingParams, generate
 
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8], [40, 41]]
@@ -128,12 +131,16 @@ def test_batches_are_sized_from_memory(ouro, monkeypatch):
     budget = weights + 2 * per_seq + per_seq // 2
     assert gen.plan_batch(ouro, PROMPTS, params, budget) == 2
     sizes = []
-    real = gen._generate_batch
-    monkeypatch.setattr(gen, "_generate_batch",
-                        lambda model, rows, *a: sizes.append(len(rows)) or real(model, rows, *a))
-    planned = generate(ouro, PROMPTS, params, memory_budget_bytes=budget)
+    real = gen._Decoder.prefill
+    monkeypatch.setattr(gen._Decoder, "prefill",
+                        lambda self, prompts, capacity: sizes.append(len(prompts)) or real(self, prompts, capacity))
+    planned = generate(ouro, PROMPTS, params, memory_budget_bytes=budget, batching="static")
     assert sizes == [2, 1]
     assert [p[0].token_ids for p in planned] == [p[0].token_ids for p in generate(ouro, PROMPTS, params)]
+    # continuous: a refilled row also holds its new prompt's own cache while it is prefilled
+    refill = gen.cache_bytes_per_sequence(ouro, max(map(len, PROMPTS)))
+    assert gen.plan_batch(ouro, PROMPTS, params, weights + 2 * (per_seq + refill), refill=True) == 2
+    assert gen.plan_batch(ouro, PROMPTS, params, weights + 2 * (per_seq + refill) - 1, refill=True) == 1
     long = SamplingParams(max_new_tokens=200)
     big = weights + 64 * gen.cache_bytes_per_sequence(ouro, 210)
     ratio = gen.plan_batch(make_melt(ouro), [[1] * 10], long, big) / gen.plan_batch(ouro, [[1] * 10], long, big)
@@ -153,3 +160,82 @@ def test_sampled_completions_do_not_depend_on_batching(ouro):
     alone = [ids(generate(ouro, [prompt], p))[0] for prompt in PROMPTS]
     assert alone == together
     assert ids(generate(ouro, PROMPTS, SamplingParams(max_new_tokens=8, top_p=0.9, n=3, seed=6))) != together
+
+
+def _skewed_prompts(n: int = 9) -> list[list[int]]:
+    """Prompts of 1-20 tokens; a batch of 3 starts with the 2-token prompt's samples, so the 20-token
+    prompt after them needs more slots than the batch has made yet."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [2, 20] + [int(x) for x in torch.randint(1, 12, (n - 2,), generator=g)]
+    return [torch.randint(3, 90, (k,), generator=g).tolist() for k in lengths]
+
+
+STOPS = tuple(range(3, 97, 8))  # one token in eight ends a completion: lengths from 1 to 24
+
+
+CONTINUOUS_KINDS = ["ouro", "melt", "melt-chunked-prefill", "melt-window", "last-loop", "first-loop",
+                    "melt-early-exit", "ouro-early-exit", "keep-prompt"]
+
+
+def _model_and_kwargs(ouro, kind):
+    if kind == "melt-window":
+        return melt_core.melt_from_ouro(ouro, gate_init_std=0.3, seed=1, window=3), {}
+    model = ouro if kind.startswith("ouro") or kind in ("last-loop", "first-loop", "keep-prompt") else make_melt(ouro)
+    kw = {"melt-chunked-prefill": {"prefill_chunk": 4}, "last-loop": {"cache_mode": "last-loop"},
+          "first-loop": {"cache_mode": "first-loop"},
+          "keep-prompt": {"cache_mode": "last-loop", "keep_prompt": True},
+          "melt-early-exit": {"exit_rule": ExitRule(q=0.3)},
+          "ouro-early-exit": {"exit_rule": ExitRule(exit_at_loop=2)}}.get(kind, {})
+    return model, kw
+
+
+@pytest.mark.parametrize("kind", CONTINUOUS_KINDS)
+def test_continuous_batching_equals_one_at_a_time(ouro, kind, monkeypatch):
+    """A finished row takes the next (prompt, sample) at once: with skewed completion lengths (one
+    token in eight stops), a batch of 3 over 27 samples refills rows, makes room for a
+    longer prompt, drops slots no row reads when its buffers are full, and lets rows go when
+    nothing is pending; every completion (tokens, finish reason, loops per token) is what
+    generating it alone gives. A kept prompt's cache cannot take rows in: static batches there."""
+    model, kw = _model_and_kwargs(ouro, kind)
+    prompts = _skewed_prompts()
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, n=3, seed=4, stop_token_ids=STOPS)
+    alone = [generate(model, [p], params, batching="static", **kw)[0] for p in prompts]
+    calls = {"adopt": 0, "left": 0, "right": 0, "select": 0}
+    for name in ("adopt", "shift", "select"):
+        real = getattr(KVCache, name)
+
+        def spy(self, arg, *rest, _real=real, _name=name):
+            calls[_name if _name != "shift" else ("left" if arg < 0 else "right")] += 1
+            return _real(self, arg, *rest)
+        monkeypatch.setattr(KVCache, name, spy)
+    together = generate(model, prompts, params, batching="continuous", batch_size=3, **kw)
+    as_ids = lambda r: [[(s.token_ids, s.finish_reason, s.loops) for s in per] for per in r]  # noqa: E731
+    assert as_ids(together) == as_ids(alone)
+    lengths = sorted(len(s.token_ids) for per in alone for s in per)
+    assert lengths[0] <= 2 and lengths[-1] >= 12  # skewed, or the test would not test refills
+    if kind == "keep-prompt":
+        assert calls == {"adopt": 0, "left": 0, "right": 0, "select": 0}
+    else:
+        assert calls["adopt"] >= 10 and calls["right"] >= 1 and calls["left"] >= 1 and calls["select"] >= 1, calls
+
+
+def test_continuous_batching_keeps_the_batch_full(ouro, monkeypatch):
+    """The point of refilling: on skewed lengths continuous batching runs fewer decode steps than
+    static batches of the same size, each with the same number of rows or fewer."""
+    import melt_core.generate as gen
+
+    prompts = _skewed_prompts()
+    params = SamplingParams(max_new_tokens=24, temperature=1.0, n=3, seed=4, stop_token_ids=STOPS)
+    steps = {"static": [], "continuous": []}
+    real = gen._Decoder.step
+    for mode, rows in steps.items():
+        monkeypatch.setattr(gen._Decoder, "step",
+                            lambda self, tokens, *a, _rows=rows: _rows.append(len(tokens)) or real(self, tokens, *a))
+        generate(ouro, prompts, params, batching=mode, batch_size=3)
+    assert max(steps["continuous"]) == 3 and len(steps["continuous"]) < 0.7 * len(steps["static"]), \
+        (len(steps["continuous"]), len(steps["static"]))
+
+
+def test_bad_batching_mode(ouro):
+    with pytest.raises(ConfigError, match="batching must be 'continuous' or 'static'"):
+        generate(ouro, PROMPTS, SamplingParams(max_new_tokens=2), batching="dynamic")

@@ -260,6 +260,7 @@ def eval_params(tasks):
         seed=config["eval"].get("seed", 0),
         batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
         memory_budget_gb=config["eval"].get("memory_budget_gb"),
+        batching=config["eval"].get("batching", "continuous"),
         template=config["train"]["template"],
         exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
     )

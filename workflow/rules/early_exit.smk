@@ -22,6 +22,7 @@ rule early_exit:
         seed=config["eval"].get("seed", 0),
         batch_size=config["eval"].get("batch_size", 64),
         memory_budget_gb=config["eval"].get("memory_budget_gb"),
+        batching=config["eval"].get("batching", "continuous"),
         template=config["train"]["template"],
         seq_len=config["train"]["seq_len"],
         mlflow=lambda wc: mlflow_spec("early_exit", **model_tags(wc.model)),
