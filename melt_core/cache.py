@@ -118,20 +118,25 @@ class RowStore:
         for b in self._buf:
             if d < 0:
                 b[..., :self.length + d, :] = b[..., -d:self.length, :].clone()
-            elif d > 0:
+            elif d > 0:  # the opened slots are zeroed: masked out, but never-written memory may hold
+                # NaN, and attention's 0 * NaN would still reach the output
                 b[..., d:self.length + d, :] = b[..., :self.length, :].clone()
+                b[..., :d, :] = 0
         self.length += d
 
     def adopt(self, rows: Tensor, other: RowStore) -> None:
         """Batch rows ``rows`` take ``other``'s rows (one per row, other.length slots) as their last
         slots."""
         n = other.length
+        if n == 0:
+            return
         for b, o in zip(self._buf, other._buf):
             b[rows, :, self.length - n:self.length] = o[:, :, :n]
 
     def select(self, keep: Tensor) -> None:
         """Keep batch rows ``keep`` only (the others' buffers are freed)."""
-        self._buf = tuple(b.index_select(0, keep) for b in self._buf)
+        if self._buf is not None:
+            self._buf = tuple(b.index_select(0, keep) for b in self._buf)
 
     def nbytes(self) -> int:
         """Bytes of tensor storage this store holds (the whole buffer in buffer mode)."""
@@ -208,49 +213,59 @@ class KVCache:
     # A row that finishes takes a new prompt, prefilled in a cache of its own: ``adopt`` copies
     # that cache's P slots into the row's last P slots [seen - P, seen) and marks its older slots
     # invalid (RoPE positions are per row, attention is masked per row, so the row decodes as it
-    # would alone). ``shift`` moves every row's slots left when the buffers are full (dropping
-    # slots no row reads any more) or right to make room for a prompt longer than the slots so
-    # far; ``select`` drops finished rows when no prompt is left to take their place.
+    # would alone), shifting every row's slots right first when P > seen. When the buffers are
+    # ``full``, ``compact`` drops the leading slots no row reads any more; ``select`` lets finished
+    # rows go when no prompt is left to take their place.
     @property
     def supports_refill(self) -> bool:
         return self.capacity is not None
 
-    def _valid_full(self, batch: int) -> Tensor:
+    def _buffered(self) -> list[RowStore]:
+        return self._stores()
+
+    def _valid_full(self) -> Tensor:
+        """(B, seen) validity, materialized where no slot was padding."""
         if self.valid is not None:
             return self.valid
-        dev = self._stores()[0]._buf[0].device
-        return torch.ones(batch, self.seen, dtype=torch.bool, device=dev)
+        buf = next(s._buf[0] for s in self._buffered() if s._buf is not None)
+        return torch.ones(buf.shape[0], self.seen, dtype=torch.bool, device=buf.device)
 
-    def free_slots(self) -> int:
-        """Leading slots no row reads (its padding, or an earlier occupant's tokens)."""
-        if self.valid is None:
-            return 0
-        return int(self.valid.int().argmax(dim=1).min())
+    def _first_read(self, start: int = 0) -> int:
+        """The first slot >= ``start`` that some row reads (seen if none does)."""
+        valid = self._valid_full()[:, start:]
+        first = torch.where(valid.any(dim=1), valid.int().argmax(dim=1), valid.shape[1])
+        return start + int(first.min())
+
+    def full(self) -> bool:
+        """No slot left for the next token."""
+        return self._stores()[0].length >= self.capacity
+
+    def compact(self) -> None:
+        self.shift(-self._first_read())
 
     def shift(self, d: int) -> None:
-        if d < 0 and -d > self.free_slots():
-            raise RuntimeError(f"cannot drop {-d} slots: a row still reads slot {self.free_slots()}")
+        """Move every row's slots by ``d``: right opens empty slots at the front, left drops slots."""
+        if d < 0 and -d > self._first_read():
+            raise RuntimeError(f"cannot drop {-d} slots: a row still reads slot {self._first_read()}")
+        valid = self._valid_full()
         for store in self._stores():
             store.shift(d)
-        batch = self._stores()[0]._buf[0].shape[0]
-        valid = self._valid_full(batch)
-        self.valid = valid[:, -d:] if d < 0 else torch.cat(
-            (torch.zeros(batch, d, dtype=torch.bool, device=valid.device), valid), dim=1)
+        self.valid = valid[:, -d:] if d < 0 else torch.cat((valid.new_zeros(valid.shape[0], d), valid), dim=1)
         self.seen += d
 
     def adopt(self, rows: Tensor, other: KVCache) -> None:
-        """Batch rows ``rows`` take the sequences ``other`` holds (prefilled, other.seen <= seen)."""
-        if other.seen > self.seen:
-            raise RuntimeError(f"shift right by {other.seen - self.seen} slots before adopting")
+        """Batch rows ``rows`` take the sequences ``other`` holds (prefilled, one per row)."""
+        if other.seen > self.seen:  # room for a prompt longer than the slots so far
+            self.shift(other.seen - self.seen)
         for mine, theirs in zip(self._stores(), other._stores()):
             mine.adopt(rows, theirs)
-        valid = self._valid_full(self._stores()[0]._buf[0].shape[0]).clone()
+        valid = self._valid_full().clone()
         valid[rows, :self.seen - other.seen] = False
-        valid[rows, self.seen - other.seen:] = other._valid_full(len(rows))
+        valid[rows, self.seen - other.seen:] = other._valid_full()
         self.valid = valid
 
     def select(self, keep: Tensor) -> None:
-        for store in self._stores():
+        for store in self._buffered():
             store.select(keep)
         if self.valid is not None:
             self.valid = self.valid.index_select(0, keep)
@@ -445,10 +460,14 @@ class SharedKVCache(KVCache):
     def _stores(self):
         return self.final
 
-    # continuous batching: the window's per-loop rows follow their slots
+    # continuous batching: the window's per-loop rows follow their slots; a kept prompt's per-loop
+    # region [0, prompt_len) holds each row's prompt right-aligned, the shared rows follow it
     @property
     def supports_refill(self):
-        return super().supports_refill and self.prompt is None and self.base is None
+        return super().supports_refill and self.base is None
+
+    def _buffered(self):
+        return self.final + (self.prompt.stores if self.prompt is not None else [])
 
     def _map_recent(self, fn) -> None:
         for per_loop in self.recent:
@@ -456,7 +475,14 @@ class SharedKVCache(KVCache):
                 if entry is not None:
                     per_loop[t] = fn(*entry)
 
+    def compact(self):
+        if self.prompt is None:
+            return super().compact()
+        self.shift(-(self._first_read(self.prompt_len) - self.prompt_len))
+
     def shift(self, d):
+        if self.prompt is not None:
+            return self._shift_kept_prompt(d)
         super().shift(d)
 
         def moved(k, v, slots):
@@ -464,7 +490,26 @@ class SharedKVCache(KVCache):
             return k[..., keep, :], v[..., keep, :], slots[keep]
         self._map_recent(moved)
 
+    def _shift_kept_prompt(self, d: int) -> None:
+        """Right: the per-loop prompt region grows at its front (room for a longer prompt); left:
+        the shared rows after it drop their first -d slots."""
+        valid = self._valid_full()
+        if d > 0:
+            for store in self.prompt.stores:
+                store.shift(d)
+            self.prompt.seen += d
+            self.prompt_len += d
+            valid = torch.cat((valid.new_zeros(valid.shape[0], d), valid), dim=1)
+        elif d < 0:
+            for store in self.final:
+                store.shift(d)
+            valid = torch.cat((valid[:, :self.prompt_len], valid[:, self.prompt_len - d:]), dim=1)
+        self.valid = valid
+        self.seen += d
+
     def adopt(self, rows, other):
+        if self.prompt is not None:
+            return self._adopt_kept_prompt(rows, other)
         super().adopt(rows, other)
         for mine, theirs in zip(self.recent, other.recent):
             for t, entry in enumerate(theirs):
@@ -480,6 +525,16 @@ class SharedKVCache(KVCache):
                                        slots))
                 k[rows, :, -n:], v[rows, :, -n:] = ok, ov
                 mine[t] = (k, v, slots)
+
+    def _adopt_kept_prompt(self, rows: Tensor, other: SharedKVCache) -> None:
+        if other.prompt_len > self.prompt_len:
+            self.shift(other.prompt_len - self.prompt_len)
+        for mine, theirs in zip(self.prompt.stores, other.prompt.stores):
+            mine.adopt(rows, theirs)
+        valid = self._valid_full().clone()
+        valid[rows] = False  # the earlier occupant's prompt and shared rows
+        valid[rows, self.prompt_len - other.prompt_len:self.prompt_len] = other._valid_full()
+        self.valid = valid
 
     def select(self, keep):
         super().select(keep)

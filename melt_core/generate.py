@@ -153,8 +153,8 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
     every loop. Each completion's ``loops`` says how many loops each of its tokens took.
     batching: ``continuous`` (a finished row takes the next pending (prompt, sample) at once, so
     the batch stays full; rows leave when none is pending) or ``static`` (each batch runs until
-    its longest completion ends). A cache that cannot take rows in (a kept prompt, a dense
-    model's) runs static batches. Completions do not depend on it: each (prompt, sample) samples
+    its longest completion ends). A cache that cannot take rows in (a dense model's
+    transformers cache) runs static batches. Completions do not depend on it: each (prompt, sample) samples
     from its own seeded stream and is masked and positioned as if alone.
     """
     if any(len(p) == 0 for p in prompts):
@@ -286,8 +286,8 @@ class _Decoder:
                         cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar)
                 if all(r.reason is not None for r in rows):
                     break
-                if continuous and cache.seen == cache.capacity:  # every row still reads < capacity slots
-                    cache.shift(-cache.free_slots())
+                if continuous and cache.full():  # each row reads fewer slots than the capacity
+                    cache.compact()
                 tokens = [self.pad if r.reason is not None else t for r, t in zip(rows, tokens)]
                 logits, step_loops = self.step(tokens, cache, positions)
                 positions = positions + 1
@@ -304,8 +304,6 @@ class _Decoder:
             free = free[:len(take)]
             new_cache, new_logits, new_positions = self.prefill([prompts[i] for i in take],
                                                                 max(len(prompts[i]) for i in take))
-            if new_cache.seen > cache.seen:  # room for a prompt longer than the slots so far
-                cache.shift(new_cache.seen - cache.seen)
             slots = torch.tensor(free, device=self.device)
             cache.adopt(slots, new_cache)
             positions = positions.index_put((slots,), new_positions)
