@@ -264,6 +264,12 @@ class KVCache:
         valid[rows, self.seen - other.seen:] = other._valid_full()
         self.valid = valid
 
+    def reset(self, rows: Tensor) -> None:
+        """Batch rows ``rows`` start a new sequence at the next slot (every slot so far unread)."""
+        valid = self._valid_full().clone()
+        valid[rows] = False
+        self.valid = valid
+
     def select(self, keep: Tensor) -> None:
         for store in self._buffered():
             store.select(keep)

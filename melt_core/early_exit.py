@@ -88,8 +88,10 @@ class ExitRule:
 
 
 @torch.no_grad()
-def decode_step(model, token: Tensor, cache, positions: Tensor, rule: ExitRule) -> tuple[Tensor, Tensor]:
-    """One decoding step of ``token`` (B, 1) at ``positions`` (B, 1) after what ``cache`` holds.
+def decode_step(model, token: Tensor, cache, positions: Tensor, rule: ExitRule,
+                hold: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One decoding step of ``token`` (B, 1) at ``positions`` (B, 1) after what ``cache`` holds;
+    ``hold`` (B,) True for rows that run every loop (a prompt's tokens, fed through decode steps).
     Returns (logits (B, V) of each row's exit loop, loops (B,) how many loops each row ran)."""
     cfg = model.config
     B, T, N = token.shape[0], model.num_loops, cfg.num_hidden_layers
@@ -115,6 +117,8 @@ def decode_step(model, token: Tensor, cache, positions: Tensor, rule: ExitRule) 
         cdf = cdf + (remaining if t == T - 1 else lam * remaining)
         remaining = remaining * (1 - lam)
         stop = torch.ones_like(cdf, dtype=torch.bool) if t == T - 1 else rule.exits(t + 1, cdf, rows)
+        if hold is not None and t < T - 1:
+            stop = stop & ~hold[rows]
         if not bool(stop.any()):
             continue
         logits[rows[stop]] = model.lm_head(x[stop, -1])

@@ -183,10 +183,14 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
 class _Row:
     """One (prompt, sample) being decoded: its tokens so far and why it ended."""
 
-    __slots__ = ("index", "generator", "tokens", "loops", "reason", "text")
+    __slots__ = ("index", "generator", "tokens", "loops", "reason", "text", "feed", "in_prompt")
 
-    def __init__(self, index: int, generator: torch.Generator):
+    def __init__(self, index: int, generator: torch.Generator, prompt: Sequence[int] = ()):
         self.index, self.generator = index, generator
+        # a refilled row whose prompt goes through the batch's decode steps: the prompt tokens
+        # not yet fed, and whether this step's input is one of its prompt's
+        self.feed = deque(prompt[1:])
+        self.in_prompt = bool(prompt)
         self.tokens: list[int] = []
         self.loops: list[int] = []  # per token: the loops behind it
         self.reason: str | None = None  # None while decoding, then "stop" or "length"
@@ -227,6 +231,9 @@ class _Decoder:
         if prefill_chunk is None and (cfg.is_melt or cache_mode != "default") and not keep_prompt:
             prefill_chunk = 1
         self.prefill_chunk = prefill_chunk
+        # exact (token-by-token) prefill is decoding with known tokens: a refilled row feeds its
+        # prompt through the batch's decode steps instead of prefilling it in passes of its own
+        self.feed_prompts = prefill_chunk == 1
         self.exit_rule = exit_rule if exit_rule is not None and exit_rule.stops_early(model.num_loops) else None
         self.pad = cfg.pad_token_id or 0
         self.device = model.lm_head.weight.device
@@ -250,15 +257,25 @@ class _Decoder:
         cache.end_prompt()
         return cache, out.logits[:, -1], positions[:, -1:] + 1
 
-    def step(self, tokens: list[int], cache, positions: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Decode one token per row: the next logits (B, V) and the loops each row ran."""
+    def step(self, tokens: list[int], cache, positions: Tensor, rows: list[_Row]) -> tuple[Tensor, Tensor | None]:
+        """Decode one token per row: the next logits (B, V) and the loops each row ran (a prompt's
+        token runs every loop)."""
         token = torch.tensor(tokens, dtype=torch.long, device=self.device)[:, None]
         if self.exit_rule is not None:
-            return decode_step(self.model, token, cache, positions, self.exit_rule)
+            hold = torch.tensor([r.in_prompt for r in rows], device=self.device)
+            return decode_step(self.model, token, cache, positions, self.exit_rule, hold=hold)
         return self.model(token, cache=cache, positions=positions, logits="last").logits[:, -1], None
 
     def sample(self, logits: Tensor, rows: list[_Row], loops: Tensor | None) -> tuple[list[int], list[int]]:
-        tokens = sample_next(logits, self.params, [r.generator for r in rows]).tolist()
+        """The next token of each row; a row still feeding its prompt takes its next prompt token
+        (and draws nothing from its generator)."""
+        for r in rows:
+            r.in_prompt = bool(r.feed)
+        want = [j for j, r in enumerate(rows) if not r.in_prompt]
+        drawn = sample_next(logits[want], self.params, [rows[j].generator for j in want]).tolist() if want else []
+        tokens = [r.feed.popleft() if r.in_prompt else 0 for r in rows]
+        for j, token in zip(want, drawn):
+            tokens[j] = token
         return tokens, [self.model.num_loops] * len(rows) if loops is None else loops.tolist()
 
     def run(self, prompts: list[list[int]], generators: list[torch.Generator], batch_size: int,
@@ -277,6 +294,8 @@ class _Decoder:
             tokens, loops = self.sample(logits, rows, None)
             while True:
                 for j, row in enumerate(rows):
+                    if row.in_prompt:  # a prompt token to feed, not an output
+                        continue
                     if row.reason is None and row.push(tokens[j], loops[j], self.params, self.tokenizer,
                                                        self.stop_window):
                         done[row.index] = row.completion(self.tokenizer)
@@ -289,16 +308,24 @@ class _Decoder:
                 if continuous and cache.full():  # each row reads fewer slots than the capacity
                     cache.compact()
                 tokens = [self.pad if r.reason is not None else t for r, t in zip(rows, tokens)]
-                logits, step_loops = self.step(tokens, cache, positions)
+                logits, step_loops = self.step(tokens, cache, positions, rows)
                 positions = positions + 1
                 tokens, loops = self.sample(logits, rows, step_loops)
         bar.close()
         return done
 
     def _refill(self, cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar):
-        """Ended rows take pending (prompt, sample)s, prefilled together and adopted into their
-        slots; their first tokens are sampled at once (and may end them again). Rows left ended
-        when nothing is pending leave the batch."""
+        """Ended rows take pending (prompt, sample)s: fed through the next decode steps (exact
+        prefill), or prefilled together and adopted into their slots, their first tokens sampled at
+        once (which may end them again). Rows left ended when nothing is pending leave the batch."""
+        free = [j for j, r in enumerate(rows) if r.reason is not None]
+        if self.feed_prompts and pending and free:
+            take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+            slots = torch.tensor(free[:len(take)], device=self.device)
+            cache.reset(slots)
+            positions = positions.index_fill(0, slots, 0)
+            for j, i in zip(free, take):
+                rows[j], tokens[j] = _Row(i, generators[i], prompts[i]), prompts[i][0]
         while pending and (free := [j for j, r in enumerate(rows) if r.reason is not None]):
             take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
             free = free[:len(take)]
