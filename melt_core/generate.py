@@ -8,7 +8,8 @@ whatever the batch.
 
 Batches are continuous by default: a row whose completion ends takes the next pending
 (prompt, sample) at once; its prompt is prefilled in a cache of its own and adopted into the
-row's slots of the batch's cache (``KVCache.adopt``), so the batch stays full until the work runs
+row's slots of the batch's cache (``KVCache.adopt``), or, where prefill is exact (token by token),
+fed through the batch's next decode steps; so the batch stays full until the work runs
 out, instead of waiting for its longest completion (reasoning traces run from hundreds to tens of
 thousands of tokens). Static batches remain an option (``batching="static"``).
 """
