@@ -519,18 +519,20 @@ class SharedKVCache(KVCache):
         super().adopt(rows, other)
         for mine, theirs in zip(self.recent, other.recent):
             for t, entry in enumerate(theirs):
-                if entry is None:
-                    continue
-                ok, ov, _ = entry
-                k, v, slots = mine[t]
-                n, missing = ok.shape[-2], ok.shape[-2] - k.shape[-2]
-                if missing > 0:  # after a right shift: slots no other row reads, zero-filled
-                    pad = k.new_zeros((*k.shape[:-2], missing, k.shape[-1]))
-                    k, v = torch.cat((pad, k), dim=-2), torch.cat((pad, v), dim=-2)
-                    slots = torch.cat((torch.arange(self.seen - n, self.seen - n + missing, device=slots.device),
-                                       slots))
-                k[rows, :, -n:], v[rows, :, -n:] = ok, ov
-                mine[t] = (k, v, slots)
+                if entry is not None:
+                    mine[t] = self._adopt_recent(rows, mine[t], entry)
+
+    def _adopt_recent(self, rows: Tensor, mine: tuple, theirs: tuple) -> tuple[Tensor, Tensor, Tensor]:
+        """The window's per-loop rows of one (layer, loop) with ``theirs`` (n rows) as the last n of
+        batch rows ``rows``."""
+        (k, v, slots), (ok, ov, _) = mine, theirs
+        n, missing = ok.shape[-2], ok.shape[-2] - k.shape[-2]
+        if missing > 0:  # after a right shift: slots no other row reads, zero-filled
+            pad = k.new_zeros((*k.shape[:-2], missing, k.shape[-1]))
+            k, v = torch.cat((pad, k), dim=-2), torch.cat((pad, v), dim=-2)
+            slots = torch.cat((torch.arange(self.seen - n, self.seen - n + missing, device=slots.device), slots))
+        k[rows, :, -n:], v[rows, :, -n:] = ok, ov
+        return k, v, slots
 
     def _adopt_kept_prompt(self, rows: Tensor, other: SharedKVCache) -> None:
         if other.prompt_len > self.prompt_len:

@@ -316,17 +316,36 @@ class _Decoder:
         return done
 
     def _refill(self, cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar):
-        """Ended rows take pending (prompt, sample)s: fed through the next decode steps (exact
-        prefill), or prefilled together and adopted into their slots, their first tokens sampled at
-        once (which may end them again). Rows left ended when nothing is pending leave the batch."""
+        """Ended rows take pending (prompt, sample)s; rows left ended when nothing is pending leave
+        the batch."""
+        if self.feed_prompts:
+            positions = self._feed(cache, rows, tokens, positions, prompts, generators, pending)
+        else:
+            positions = self._adopt(cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar)
+        keep = [j for j, r in enumerate(rows) if r.reason is None]
+        if 0 < len(keep) < len(rows):
+            index = torch.tensor(keep, device=self.device)
+            cache.select(index)
+            rows, tokens, loops = [rows[j] for j in keep], [tokens[j] for j in keep], [loops[j] for j in keep]
+            positions = positions.index_select(0, index)
+        return rows, tokens, loops, positions
+
+    def _feed(self, cache, rows, tokens, positions, prompts, generators, pending) -> Tensor:
+        """Exact prefill: an ended row restarts at the next slot and feeds its new prompt through
+        the next decode steps."""
         free = [j for j, r in enumerate(rows) if r.reason is not None]
-        if self.feed_prompts and pending and free:
-            take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+        take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
+        if take:
             slots = torch.tensor(free[:len(take)], device=self.device)
             cache.reset(slots)
             positions = positions.index_fill(0, slots, 0)
-            for j, i in zip(free, take):
-                rows[j], tokens[j] = _Row(i, generators[i], prompts[i]), prompts[i][0]
+        for j, i in zip(free, take):
+            rows[j], tokens[j] = _Row(i, generators[i], prompts[i]), prompts[i][0]
+        return positions
+
+    def _adopt(self, cache, rows, tokens, loops, positions, prompts, generators, pending, done, bar) -> Tensor:
+        """Ended rows' new prompts are prefilled together and adopted into their slots; their first
+        tokens are sampled at once, which may end them again."""
         while pending and (free := [j for j, r in enumerate(rows) if r.reason is not None]):
             take = [pending.popleft() for _ in range(min(len(free), len(pending)))]
             free = free[:len(take)]
@@ -342,13 +361,7 @@ class _Decoder:
                 if row.push(token, n, self.params, self.tokenizer, self.stop_window):
                     done[row.index] = row.completion(self.tokenizer)
                     bar.update()
-        keep = [j for j, r in enumerate(rows) if r.reason is None]
-        if 0 < len(keep) < len(rows):
-            index = torch.tensor(keep, device=self.device)
-            cache.select(index)
-            rows, tokens, loops = [rows[j] for j in keep], [tokens[j] for j in keep], [loops[j] for j in keep]
-            positions = positions.index_select(0, index)
-        return rows, tokens, loops, positions
+        return positions
 
 
 def _trim_to_text(tokens: list[int], text: str, tokenizer) -> list[int]:
