@@ -17,6 +17,11 @@ tokens matters. (A running sum mod 10 was tried first: its targets are uniform g
 single input digit, so a tiny model gets no gradient signal and plateaus; writing totals
 instead of digits mod 10 keeps every input informative.) A character tokenizer saved in the
 transformers format.
+
+The long-answer task (``chain_sum``, optional, mixed into the same training data): the same
+additions chained, x_n = x_{n-1} + x_{n-2}, written out for up to 26 terms, so answers run to
+hundreds of tokens and, from the second term on, every token reads the model's own generated
+tokens one and two terms back: where KV sharing and the sliding window are tested.
 """
 
 from __future__ import annotations
@@ -85,28 +90,79 @@ def digit_sum_example(rng: random.Random, digits: int) -> dict:
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
 
 
+COUNTDOWN = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"  # chain_sum's markers: COUNTDOWN[r - 1] = r terms still to write
+
+
+def chain_sum_example(rng: random.Random, digits: int, terms: int) -> dict:
+    """The long-answer task: a Fibonacci chain of D-digit numbers mod 10^D, written out term by term.
+
+    Prompt ``a+b`` and a marker saying how many terms to write (``C`` = 3); answer x_2, marker,
+    x_3, marker, ..., x_{terms+1} with x_n = x_{n-1} + x_{n-2}, each term as digit_sum writes a sum
+    (one column total per symbol, least-significant first, the carry read off the previous symbol)
+    and each marker one less than the one D+1 tokens back. So every symbol reads the two terms
+    D+1 and 2(D+1) tokens back, the same offsets as digit_sum's answer, but from the model's own
+    generated tokens from the second term on: what a cache keeps of generated tokens decides
+    whether the chain survives, and one wrong symbol spoils every later term."""
+    if not 1 <= terms <= len(COUNTDOWN):
+        raise ValueError(f"chain_sum: terms must be 1..{len(COUNTDOWN)}, got {terms}")
+    prev = [rng.randrange(10) for _ in range(digits)]
+    cur = [rng.randrange(10) for _ in range(digits)]
+    prompt = "".join(map(str, prev)) + "+" + "".join(map(str, cur)) + COUNTDOWN[terms - 1]
+    parts = []
+    for left in range(terms - 1, -1, -1):
+        totals, carry = [], 0
+        for x, y in zip(prev, cur):
+            totals.append(x + y + carry)
+            carry = int(totals[-1] >= 10)
+        parts.append("".join(SUM_SYMBOLS[t] for t in totals) + (COUNTDOWN[left - 1] if left else ""))
+        prev, cur = cur, [t % 10 for t in totals]
+    return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "".join(parts)}]}
+
+
+def _unique(make, n: int, seen: set[str], exclude: bool = False) -> list[dict]:
+    """``n`` examples from ``make()`` whose prompts are new (``exclude``: not in ``seen``, which
+    stays as it is; else also not repeated within, and added to ``seen``)."""
+    out = []
+    while len(out) < n:
+        ex = make()
+        key = ex["messages"][0]["content"]
+        if exclude and key not in seen:
+            out.append(ex)
+        elif not exclude and key not in seen:
+            seen.add(key)
+            out.append(ex)
+    return out
+
+
 def make_digit_sum_task(out_dir: str | Path, digits: int = 16, n_train: int = 20000,
-                        n_test: int = 256, seed: int = 0) -> dict[str, Path]:
-    """Write train.jsonl / test.jsonl (disjoint prompts) and the tokenizer into ``out_dir``."""
+                        n_test: int = 256, seed: int = 0, chain: dict | None = None) -> dict[str, Path]:
+    """Write train.jsonl / test.jsonl (disjoint prompts) and the tokenizer into ``out_dir``.
+
+    ``chain`` (optional): the long-answer task chain_sum mixed into the same train.jsonl, so one
+    teacher and every student learn both: ``{n_train, n_test, min_terms, max_terms}``; training
+    chains have min_terms..max_terms terms, the test chains (test_chain.jsonl) all max_terms, so
+    accuracy can be read at every length on the same questions."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    test, seen = [], set()
-    while len(test) < n_test:
-        ex = digit_sum_example(rng, digits)
-        key = ex["messages"][0]["content"]
-        if key not in seen:
-            seen.add(key)
-            test.append(ex)
-    train = []
-    while len(train) < n_train:
-        ex = digit_sum_example(rng, digits)
-        if ex["messages"][0]["content"] not in seen:
-            train.append(ex)
-    paths = {"train": out_dir / "train.jsonl", "test": out_dir / "test.jsonl"}
-    for split, records in (("train", train), ("test", test)):
+    seen: set[str] = set()
+    test = _unique(lambda: digit_sum_example(rng, digits), n_test, seen)
+    train = _unique(lambda: digit_sum_example(rng, digits), n_train, seen, exclude=True)
+    splits = {"train": train, "test": test}
+    if chain:
+        unknown = set(chain) - {"n_train", "n_test", "min_terms", "max_terms"}
+        if unknown:
+            raise ValueError(f"source.task.chain: unknown key(s) {sorted(unknown)}; "
+                             "expected n_train, n_test, min_terms, max_terms")
+        lo, hi = chain.get("min_terms", 2), chain["max_terms"]
+        splits["test_chain"] = _unique(lambda: chain_sum_example(rng, digits, hi), chain["n_test"], seen)
+        train += _unique(lambda: chain_sum_example(rng, digits, rng.randint(lo, hi)), chain["n_train"],
+                         seen, exclude=True)
+        random.Random(seed + 1).shuffle(train)
+    paths = {split: out_dir / f"{split}.jsonl" for split in splits}
+    for split, records in splits.items():
         write_jsonl(paths[split], records)
-    build_char_tokenizer("0123456789+=" + SUM_SYMBOLS, out_dir / "tokenizer")
+    build_char_tokenizer("0123456789+=" + SUM_SYMBOLS + (COUNTDOWN if chain else ""), out_dir / "tokenizer")
     paths["tokenizer"] = out_dir / "tokenizer"
     return paths
 

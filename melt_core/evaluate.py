@@ -88,6 +88,7 @@ class ModelSpec:
     cache_mode: str = "default"  # Ouro: default | first-loop | last-loop
     keep_prompt: bool = False  # Ouro sharing modes: keep the prompt's per-loop cache
     prefill_chunk: int | None = None  # MELT: None = token-by-token (exact), C = chunked
+    window: int | None = None  # MELT: v3's sliding window W at inference (None: the checkpoint's own)
     memory_budget_gb: float | None = None  # batches sized to fit it (generate.plan_batch); None: as given
     batching: str = "continuous"  # or "static" (generate())
     exit: dict[str, Any] | None = None  # early-exit rule (melt_core/early_exit.py); None: every loop
@@ -148,9 +149,17 @@ def resolve_memory_budget(setting: float | None, device: str, model) -> float:
 
 def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype | None = None):
     """An Ouro/MELT checkpoint, or a dense transformers one (the baselines), by its config.json."""
-    if _kind(spec) == "melt":
-        return load_pretrained(spec.path, dtype=dtype, device=device)
-    return DenseLM.from_pretrained(spec.path, device, dtype)
+    if _kind(spec) != "melt":
+        if spec.window is not None:
+            raise ConfigError(f"model {spec.name!r}: a sliding window applies to MELT checkpoints only")
+        return DenseLM.from_pretrained(spec.path, device, dtype)
+    model = load_pretrained(spec.path, dtype=dtype, device=device)
+    if spec.window is not None:
+        if not model.config.is_melt:
+            raise ConfigError(f"model {spec.name!r}: a sliding window applies to MELT checkpoints only, "
+                              f"{spec.path} is {model.config.model_type}")
+        model.config.window = spec.window  # read by every cache the model makes (LoopedLM.new_cache)
+    return model
 
 
 def _prepare(model_spec: ModelSpec, task: TaskSpec) -> list[dict] | None:

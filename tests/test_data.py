@@ -11,10 +11,13 @@ from melt_core.data import (
     DataError,
     PackedData,
     build_char_tokenizer,
+    chain_sum_example,
     digit_sum_example,
     load_mixture,
     load_tokenizer,
+    make_digit_sum_task,
     normalise,
+    read_jsonl,
     render,
 )
 
@@ -36,6 +39,59 @@ def test_long_addition_example_is_correct():
         digits = "".join(str(int("0123456789abcdefghij".index(s)) % 10) for s in answer)
         carry_out = "0123456789abcdefghij".index(answer[-1]) >= 10
         assert int(digits[::-1]) + (10**8 if carry_out else 0) == total
+
+
+def _terms(answer: str, digits: int) -> list[int]:
+    """A chain_sum answer as its terms' values (least-significant symbol first, digit = symbol mod 10)."""
+    pieces = [answer[i:i + digits] for i in range(0, len(answer), digits + 1)]
+    return [int("".join(str("0123456789abcdefghij".index(s) % 10) for s in p)[::-1]) for p in pieces]
+
+
+@pytest.mark.parametrize("terms", [1, 2, 7])
+def test_chain_sum_is_a_fibonacci_chain_with_a_countdown(terms):
+    rng, D = random.Random(terms), 6
+    for _ in range(20):
+        ex = chain_sum_example(rng, D, terms)
+        prompt, answer = ex["messages"][0]["content"], ex["messages"][1]["content"]
+        assert prompt[-1] == "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[terms - 1] and len(answer) == terms * (D + 1) - 1
+        a, b = (int(x[::-1]) for x in prompt[:-1].split("+"))
+        chain = [a, b]
+        for _ in range(terms):
+            chain.append((chain[-1] + chain[-2]) % 10**D)
+        assert _terms(answer, D) == chain[2:]
+        # the marker after term j says how many terms are left: the one D+1 tokens back, less one
+        markers = [answer[j * (D + 1) - 1] for j in range(1, terms)]
+        assert markers == list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:terms - 1][::-1])
+        # every symbol is its column's total: the digits of the two terms before, plus the carry
+        # read off the symbol before it in the same term
+        digits = [[int(c) for c in x] for x in prompt[:-1].split("+")]
+        for j in range(terms):
+            symbols = ["0123456789abcdefghij".index(c) for c in answer[j * (D + 1):j * (D + 1) + D]]
+            carries = [0] + [int(t >= 10) for t in symbols[:-1]]
+            assert symbols == [x + y + c for x, y, c in zip(digits[-2], digits[-1], carries)]
+            digits.append([t % 10 for t in symbols])
+    with pytest.raises(ValueError, match="terms must be 1..26"):
+        chain_sum_example(rng, D, 27)
+
+
+def test_task_with_chain_mixes_both_and_tests_the_longest(tmp_path):
+    paths = make_digit_sum_task(tmp_path, digits=4, n_train=60, n_test=10, seed=3,
+                                chain={"n_train": 40, "n_test": 6, "min_terms": 2, "max_terms": 5})
+    train, test, chain = (read_jsonl(paths[k]) for k in ("train", "test", "test_chain"))
+    prompts = lambda recs: {r["messages"][0]["content"] for r in recs}  # noqa: E731
+    assert len(train) == 100 and sum(r["messages"][0]["content"].endswith("=") for r in train) == 60
+    assert {len(r["messages"][1]["content"]) for r in chain} == {5 * 5 - 1}  # every test chain has max_terms
+    assert not prompts(train) & (prompts(test) | prompts(chain)) and len(prompts(test) | prompts(chain)) == 16
+    lengths = {len(r["messages"][1]["content"]) for r in train if not r["messages"][0]["content"].endswith("=")}
+    assert min(lengths) == 2 * 5 - 1 and max(lengths) <= 5 * 5 - 1
+    tok = load_tokenizer(paths["tokenizer"])
+    for rec in chain[:2]:  # the markers are tokens of their own, one character each
+        text = rec["messages"][0]["content"] + rec["messages"][1]["content"]
+        ids = tok.encode(text, add_special_tokens=False)
+        assert len(ids) == len(text) and tok.unk_token_id not in ids and tok.decode(ids) == text
+    with pytest.raises(ValueError, match=r"source.task.chain: unknown key\(s\) \['terms'\]"):
+        make_digit_sum_task(tmp_path / "x", digits=4, n_train=5, n_test=2, chain={"terms": 3, "n_train": 1,
+                                                                                 "n_test": 1, "max_terms": 3})
 
 
 def test_schemas_normalise(tmp_path):

@@ -12,7 +12,7 @@ import melt_core
 from melt_core.checkpoint import CheckpointError
 from melt_core.config import ConfigError
 from melt_core.data import DataError, load_tokenizer, read_jsonl
-from melt_core.evaluate import ModelSpec, TaskSpec, evaluate
+from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, load_model
 from melt_core.metrics import extract_answer, pass_at_k
 
 
@@ -100,3 +100,14 @@ def test_bad_eval_inputs(tmp_path):
         evaluate(ModelSpec("m", str(teacher)), TaskSpec(name="t", path=str(paths["test"]), ks=[10]),
                  tmp_path / "r.json")
     assert not (tmp_path / "r.json").exists()
+
+
+def test_window_variant_applies_to_melt_only(tmp_path):
+    """eval.compare_window's variants (@window-W): v3's sliding window over a MELT checkpoint at
+    inference; an Ouro checkpoint has per-loop rows already, so asking it for a window is an error."""
+    paths, teacher, student = tiny_setup(tmp_path, digits=3)
+    model = load_model(ModelSpec("m@window-4", str(student), window=4))
+    assert model.config.window == 4 and model.new_cache(16).window == 4
+    assert load_model(ModelSpec("m", str(student))).new_cache(16).window == 0  # the checkpoint's own
+    with pytest.raises(ConfigError, match="model 'ouro@window-4': a sliding window applies to MELT checkpoints"):
+        load_model(ModelSpec("ouro@window-4", str(teacher), window=4))

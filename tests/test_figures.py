@@ -184,3 +184,51 @@ def test_early_exit_claim_can_hold_fail_and_abstain(melt_cheap, full, verdict):
     (claim, evidence, got), = claims.early_exit_claims(r)
     assert got.startswith(verdict), (got, evidence)
     assert "melt-elementwise__full" in evidence and "ouro" in evidence
+
+
+def long_answer_results(tmp_path, breaks: dict[str, list[int | None]]):
+    """A Results over fabricated long-answer evals: ``breaks`` maps a model id to the character
+    where each seed's completions first go wrong (None: never), 10 questions of 40 characters."""
+    from report_common import Results
+
+    gold = "0123456789" * 4
+    rows = []
+    for model, per_seed in breaks.items():
+        for seed, at in enumerate(per_seed):
+            model_id = f"{model}-seed{seed}" if model.startswith("melt-") else model
+            wrong = gold if at is None else gold[:at] + "x" * (len(gold) - at)
+            details = [{"prompt": f"q{i}", "gold": gold, "completions": [wrong], "correct": [at is None]}
+                       for i in range(10)]
+            (tmp_path / "eval" / model_id).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "eval" / model_id / "chain_sum.json").write_text(json.dumps({"details": details}))
+            rows.append({"model": model, "seed": seed, "model_id": model_id, "task": "chain_sum",
+                         "metric": "pass@1", "value": 100.0 * (at is None)})
+    r = object.__new__(Results)
+    r.out, r.evals, r._read, r._scores = tmp_path, pd.DataFrame(rows), {}, {}
+    r.columns, r.long_column = {"long answers": "chain_sum/pass@1"}, "long answers"
+    r.main_model = "melt-elementwise__full"
+    r.config = {"baselines": {"sharing": ["first-loop", "last-loop+prompt"]}}
+    return r
+
+
+def test_accuracy_vs_length_shows_where_each_model_loses_the_thread(figures, tmp_path):
+    r = long_answer_results(tmp_path, {"ouro": [None], "ouro-first-loop": [3], "ouro-last-loop+prompt": [17],
+                                       "melt-elementwise__full": [None, 25],
+                                       "melt-elementwise__full@window-34": [30, 30]})
+    # the share of questions right up to each length: 100 before a model's break, 0 after
+    assert r.answer_length("long answers") == 40
+    assert r.prefix_match("ouro-last-loop+prompt", "long answers", 17).mean() == 100
+    assert r.prefix_match("ouro-last-loop+prompt", "long answers", 18).mean() == 0
+    assert r.prefix_match("melt-elementwise__full", "long answers", 30).tolist() == [[100.0] * 10, [0.0] * 10]
+    assert r.prefix_match("melt-untrained", "long answers", 5) is None  # not evaluated
+    fig, ax = draw(figures, "accuracy_vs_length", r)
+    assert distinct_styles(ax)
+    curves = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+    assert set(curves) == {"Ouro teacher (per-loop cache)", "Ouro, untrained first-loop sharing",
+                           "Ouro, untrained last-loop+prompt sharing", "MELT (main run)", "MELT (main run), window-34"}
+    xs = next(line.get_xdata() for line in ax.get_lines())
+    assert list(xs) == list(range(1, 41))  # every length up to the longest answer
+    assert list(curves["MELT (main run)"]) == [100.0] * 25 + [50.0] * 15  # one seed of two breaks at 25
+    assert list(curves["Ouro, untrained first-loop sharing"]) == [100.0] * 3 + [0.0] * 37
+    assert len(ax.collections) == 5  # each curve's 95% interval, shaded
+    plt.close(fig)

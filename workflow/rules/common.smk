@@ -152,13 +152,17 @@ def phase_steps():
     """Training steps the DAG runs: every phase node once (shared prefixes once), every seed."""
     nodes = {(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))}
     return len(SEEDS) * sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
-def prefill_variants():
-    """With eval.compare_prefill, the main run evaluated again under the other prefill mode: chunks
-    of the training chunk size where eval prefills exactly, else exact (model id suffix @prefill-...)."""
-    if not config["eval"].get("compare_prefill"):
-        return []
-    other = "exact" if config["eval"].get("prefill_chunk") else f"chunk{config['train']['chunk_size']}"
-    return [f"{seeded(f'melt-{MAIN_RUN}', s)}@prefill-{other}" for s in SEEDS]
+def main_variants():
+    """The main run evaluated again, per seed, under other inference settings (model id suffixes):
+    eval.compare_prefill, the other prefill mode: chunks of the training chunk size where eval
+    prefills exactly, else exact (@prefill-...); eval.compare_window, each sliding window W of v3
+    (the last W tokens keep their per-loop K/V), applied at inference only (@window-W)."""
+    suffixes = []
+    if config["eval"].get("compare_prefill"):
+        suffixes.append("@prefill-" + ("exact" if config["eval"].get("prefill_chunk")
+                                       else f"chunk{config['train']['chunk_size']}"))
+    suffixes += [f"@window-{w}" for w in config["eval"].get("compare_window") or []]
+    return [f"{seeded(f'melt-{MAIN_RUN}', s)}{suffix}" for suffix in suffixes for s in SEEDS]
 
 
 def model_prefill(model):
@@ -167,10 +171,16 @@ def model_prefill(model):
     return config["eval"].get("prefill_chunk") if not mode else None if mode == "exact" else int(mode[5:])
 
 
+def model_window(model):
+    """The sliding window a model id evaluates with (None: the checkpoint's own)."""
+    mode = model.partition("@window-")[2]
+    return int(mode) if mode else None
+
+
 # model ids: the teacher and its sharing baselines once; every MELT model once per training seed
 MODELS = (["ouro"] + [f"ouro-{s}" for s in SHARING]
           + [seeded(m, s) for s in SEEDS for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
-          + prefill_variants() + [f"dense-{d}" for d in DENSE])
+          + main_variants() + [f"dense-{d}" for d in DENSE])
 
 
 def split_seed(model):
@@ -224,7 +234,7 @@ def profile_outputs():
 TABLES = ["table1_main", "table2_memory", "table3_gates", "table4_recipe", "table5_sharing",
           "table10_speed", "table11_train_throughput", "table_early_exit"]
 FIGURES = ["figure1_pareto", "training_curves", "gate_values", "ablation_accuracy", "memory_sweeps",
-           "early_exit_tradeoff"]
+           "early_exit_tradeoff"] + (["accuracy_vs_length"] if config["report"].get("long_column") else [])
 
 
 def report_outputs():
@@ -254,6 +264,7 @@ def eval_params(tasks):
     return dict(
         tasks=tasks,
         prefill_chunk=lambda wc: model_prefill(wc.model),
+        window=lambda wc: model_window(wc.model),
         backend=config["eval"].get("backend", "lighteval"),
         device=config["eval"].get("device", "auto"),
         dtype=config["eval"].get("dtype", "auto"),
@@ -314,19 +325,21 @@ def model_tags(model):
 def eval_inputs(model):
     """A model's checkpoint, the embedded task's data, and the fetched benchmark data."""
     inputs = {"model": model_checkpoint(model)}
-    if "test" in teacher_inputs():
-        inputs["data"] = teacher_inputs()["test"]
+    inputs |= {f"data_{k}": v for k, v in teacher_inputs().items() if k.startswith("test")}
     if LIGHTEVAL_TASKS:
         inputs["benchmarks"] = f"{OUT}/data/benchmarks.json"
     return inputs
 
 
 def teacher_inputs():
-    """The pretrained tiny teacher needs the task data; a download needs nothing."""
-    if config["source"]["kind"] == "pretrain":
-        return {"train": f"{OUT}/data/train.jsonl", "test": f"{OUT}/data/test.jsonl",
-                "tokenizer": f"{OUT}/data/tokenizer"}
-    return {}
+    """The pretrained tiny teacher needs the task data (with the long-answer task's test split where
+    source.task.chain asks for it); a download needs nothing."""
+    if config["source"]["kind"] != "pretrain":
+        return {}
+    files = {"train": f"{OUT}/data/train.jsonl", "test": f"{OUT}/data/test.jsonl", "tokenizer": f"{OUT}/data/tokenizer"}
+    if (config["source"].get("task") or {}).get("chain"):
+        files["test_chain"] = f"{OUT}/data/test_chain.jsonl"
+    return files
 
 
 def train_records():

@@ -6,9 +6,7 @@
 rule task_data:
     """The embedded default's synthetic task (train/test JSONL) and its tokenizer."""
     output:
-        train=f"{OUT}/data/train.jsonl",
-        test=f"{OUT}/data/test.jsonl",
-        tokenizer=directory(f"{OUT}/data/tokenizer"),
+        **{k: directory(v) if k == "tokenizer" else v for k, v in teacher_inputs().items()},
     params:
         task=config["source"].get("task"),
         mlflow=mlflow_spec("data"),

@@ -18,14 +18,15 @@ def load_eval_model(sm, log, task_cfg: dict, model=None, **spec_kw):
     ``model``: the one an earlier task of the same job loaded (rule eval_model), reused."""
     model_id = sm.wildcards.model
     spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk,
-                     batching=sm.params.batching, **spec_kw)
+                     window=getattr(sm.params, "window", None), batching=sm.params.batching, **spec_kw)
     if model_id.startswith("ouro-"):
         mode = model_id.removeprefix("ouro-")
         spec.cache_mode, spec.keep_prompt = mode.removesuffix("+prompt"), mode.endswith("+prompt")
     device = resolve_device(sm.params.device)
     dtype = resolve_dtype(sm.params.dtype, device)
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
-                    "prefill_chunk": spec.prefill_chunk, "batching": spec.batching, "backend": sm.params.backend,
+                    "prefill_chunk": spec.prefill_chunk, "window": spec.window, "batching": spec.batching,
+                    "backend": sm.params.backend,
                     "device": device,
                     "dtype": str(dtype).removeprefix("torch.")})
     model = load_model(spec, device, dtype) if model is None else model

@@ -11,6 +11,6 @@ from melt_core.pretrain import PretrainConfig, pretrain
 with rule_context(snakemake, "source") as log:
     cfg = PretrainConfig(train_file=snakemake.input.train, test_file=snakemake.input.test,
                          tokenizer=snakemake.input.tokenizer, out_dir=snakemake.output[0],
-                         **snakemake.params.pretrain)
-    report = pretrain(cfg, log)
-    print(f"teacher greedy exact-match on held-out: {report['exact_match']:.3f}")
+                         extra_tests={"chain": snakemake.input.test_chain} if "test_chain" in snakemake.input.keys()
+                         else None, **snakemake.params.pretrain)
+    pretrain(cfg, log)

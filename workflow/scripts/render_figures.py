@@ -2,7 +2,8 @@
 
 figure1_pareto: accuracy vs KV memory per token (ours: measured MB/token at the real shapes;
 accuracy from our benchmark), training_curves: loss terms and alpha per run, gate_values:
-mean z per layer and loop, memory_sweeps: cache bytes vs loops and window.
+mean z per layer and loop, memory_sweeps: cache bytes vs loops and window, accuracy_vs_length: the
+long-answer task's accuracy at every answer length (report.long_column).
 """
 
 import sys
@@ -172,6 +173,43 @@ def early_exit_tradeoff(r: Results, ax):
     ax.set_xlabel("mean loops per decoded token (circles: Q-exit / all loops; squares: fixed exit loop)")
     ax.set_ylabel(f"accuracy, % ({df.metric.iloc[0] if len(df) else ''})")
     ax.set_title("Real early exit: accuracy against loop compute (95% intervals over questions)", fontsize=10)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+def accuracy_vs_length(r: Results, ax):
+    """Where each model loses the thread on the long-answer task (report.long_column): the share of
+    questions whose completion matches the reference up to each length, mean over seeds with its
+    95% interval (shaded), for the teacher, its untrained sharing baselines, the main MELT run and
+    the main run's inference variants (window, prefill)."""
+    from verdicts import interval
+
+    col = r.long_column
+    longest = r.answer_length(col)
+    step = max(1, longest // 24)
+    lengths = sorted({*range(step, longest + 1, step), longest})
+    models = ["ouro", *(f"ouro-{v}" for v in r.config["baselines"]["sharing"]), r.main_model,
+              *sorted(m for m in r.evals.model.unique() if m.startswith(f"{r.main_model}@")), "melt-untrained"]
+    labels = {"ouro": "Ouro teacher (per-loop cache)", r.main_model: "MELT (main run)",
+              "melt-untrained": "MELT, converted, untrained"}
+    for i, model in enumerate(models):
+        points = [(n, r.prefix_match(model, col, n)) for n in lengths]
+        points = [(n, interval(scores)) for n, scores in points if scores is not None]
+        if not points:
+            continue
+        color, ls = STYLES[i]
+        xs, (mean, lo, hi) = [n for n, _ in points], zip(*(iv for _, iv in points))
+        label = labels.get(model) or (f"Ouro, untrained {model.removeprefix('ouro-')} sharing"
+                                      if model.startswith("ouro-") else f"MELT (main run), {model.partition('@')[2]}")
+        ax.plot(xs, mean, color=color, linestyle=ls, linewidth=1.4, label=label)
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.12, linewidth=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("answer length so far (characters of the reference; one token each on the embedded task)")
+    ax.set_ylabel(f"% of questions correct up to that length ({r.columns[col].split('/')[0]})")
+    ax.set_ylim(-3, 103)
+    ax.set_title("Accuracy as the answer grows: where each cache policy loses the thread (95% intervals)",
+                 fontsize=10)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 

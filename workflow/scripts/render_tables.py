@@ -89,15 +89,31 @@ def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
 
 
 def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
+    """The sharing baselines, and (report.long_column) every cache policy on long answers: there the
+    main MELT run and its window variants are rows too, since that is where the policies differ."""
+    long = r.long_column
+    extra = lambda model: {f"{long} ours ({r.columns[long]})": r.estimate(model, long)} if long else {}  # noqa: E731
     rows = [{"variant": "ouro (full per-loop cache)", "MATH-500 ours": r.estimate("ouro", "MATH-500"),
-             "AIME24 ours": r.estimate("ouro", "AIME24")}]
+             "AIME24 ours": r.estimate("ouro", "AIME24"), **extra("ouro")}]
     for variant, paper in r.paper["table5_sharing"].items():
         ours = r.estimate(f"ouro-{variant}", "MATH-500")
         rows.append({"variant": variant, f"paper {r.version} (all math)": paper, "MATH-500 ours": ours,
                      "MATH-500 diff": None if r.stand_in("MATH-500") else diff(ours, paper),
-                     "AIME24 ours": r.estimate(f"ouro-{variant}", "AIME24")})
-    return pd.DataFrame(rows), ("Table 5: untrained KV sharing on plain Ouro weights (percent, with 95% "
-                                f"intervals over questions). {r.note}")
+                     "AIME24 ours": r.estimate(f"ouro-{variant}", "AIME24"), **extra(f"ouro-{variant}")})
+    if long:
+        for model in [r.main_model, *sorted(m for m in r.evals.model.unique() if m.startswith(f"{r.main_model}@"))]:
+            rows.append({"variant": f"MELT main run{' ' + model.partition('@')[2] if '@' in model else ''}",
+                         "MATH-500 ours": r.estimate(model, "MATH-500"), "AIME24 ours": r.estimate(model, "AIME24"),
+                         **extra(model)})
+    df = pd.DataFrame(rows)
+    first = ["variant", f"paper {r.version} (all math)", "MATH-500 ours", "MATH-500 diff"]
+    df = df[[c for c in first if c in df.columns] + [c for c in df.columns if c not in first]]
+    caption = ("Table 5: untrained KV sharing on plain Ouro weights (percent, with 95% intervals over questions"
+               + (", and over seeds for MELT" if long else "") + f"). {r.note}")
+    if long:
+        caption += (f" {long}: the long-answer task, where generated tokens read generated tokens far back; "
+                    "see figure accuracy_vs_length for where each policy fails.")
+    return df, caption
 
 
 def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:

@@ -52,6 +52,8 @@ class Results:
         self.note = config["report"].get("note", "")
         self.seeds = config.get("seeds", [0])
         self._scores: dict[tuple[str, str, str], list[float] | None] = {}  # per-question scores by eval
+        self._read: dict[tuple[str, str], list[dict] | None] = {}  # each eval's details, read once
+        self.long_column = config["report"].get("long_column")  # a column whose answers are long
         main = config["main_run"]
         self.main_model = f"melt-{main['gate']}__{main['recipe']}"
 
@@ -92,12 +94,43 @@ class Results:
         times, and a paper-scale results file holds every completion."""
         key = (model_id, task, metric)
         if key not in self._scores:
-            path = self.out / "eval" / model_id / f"{task}.json"
-            details = json.loads(path.read_text())["details"] if path.is_file() else None
+            details = self._details(model_id, task)
             self._scores[key] = None if details is None else [
                 100.0 * d["scores"][metric] if metric in d.get("scores", {})
                 else 100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details]
         return self._scores[key]
+
+    def _details(self, model_id: str, task: str) -> list[dict] | None:
+        key = (model_id, task)
+        if key not in self._read:
+            path = self.out / "eval" / model_id / f"{task}.json"
+            self._read[key] = json.loads(path.read_text())["details"] if path.is_file() else None
+        return self._read[key]
+
+    def prefix_match(self, model: str, paper_column: str, length: int):
+        """Per question (seeds, questions), percent: the share of its completions whose first
+        ``length`` characters are the reference's, over the questions whose reference is at least
+        that long; None if not evaluated. Where accuracy falls as the answer grows: a model that
+        loses the thread after n characters scores 100 below n and 0 above."""
+        hit = self._rows(model, paper_column)
+        if hit is None or not len(hit):
+            return None
+        task = self.columns[paper_column].split("/")[0]
+        rows = []
+        for model_id in sorted(hit.model_id.unique()):
+            details = self._details(model_id, task)
+            if details is None:
+                return None
+            rows.append([100.0 * sum(c[:length] == d["gold"][:length] for c in d["completions"])
+                         / max(1, len(d["completions"])) for d in details if len(str(d["gold"])) >= length])
+        return np.asarray(rows) if rows and rows[0] else None
+
+    def answer_length(self, paper_column: str) -> int:
+        """The longest reference answer (characters) of a column's task, over the evals read so far
+        or the teacher's."""
+        task = self.columns[paper_column].split("/")[0]
+        details = self._details("ouro", task) or []
+        return max((len(str(d["gold"])) for d in details), default=0)
 
     def stand_in(self, paper_column: str) -> str | None:
         """The task/metric that stands in for a paper benchmark when it is not that benchmark itself
