@@ -76,17 +76,23 @@ def load_tokenizer(path: str | Path):
 SUM_SYMBOLS = "0123456789abcdefghij"  # a column total 0..19, one symbol per column
 
 
+def column_totals(a: list[int], b: list[int]) -> list[int]:
+    """Long addition of two digit lists (least-significant first): each column's total a_i + b_i +
+    carry, 0..19, the carry 1 when the column before totalled >= 10."""
+    totals, carry = [], 0
+    for x, y in zip(a, b):
+        totals.append(x + y + carry)
+        carry = int(totals[-1] >= 10)
+    return totals
+
+
 def digit_sum_example(rng: random.Random, digits: int) -> dict:
     """Long addition one column per token, least-significant digit first: the symbol for
     t_i = a_i + b_i + carry, carry = 1 when the previous column's total t_{i-1} >= 10."""
     a = [rng.randrange(10) for _ in range(digits)]
     b = [rng.randrange(10) for _ in range(digits)]
     prompt = "".join(map(str, a)) + "+" + "".join(map(str, b)) + "="
-    totals, carry = [], 0
-    for x, y in zip(a, b):
-        totals.append(x + y + carry)
-        carry = int(totals[-1] >= 10)
-    answer = "".join(SUM_SYMBOLS[t] for t in totals)
+    answer = "".join(SUM_SYMBOLS[t] for t in column_totals(a, b))
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}
 
 
@@ -110,10 +116,7 @@ def chain_sum_example(rng: random.Random, digits: int, terms: int) -> dict:
     prompt = "".join(map(str, prev)) + "+" + "".join(map(str, cur)) + COUNTDOWN[terms - 1]
     parts = []
     for left in range(terms - 1, -1, -1):
-        totals, carry = [], 0
-        for x, y in zip(prev, cur):
-            totals.append(x + y + carry)
-            carry = int(totals[-1] >= 10)
+        totals = column_totals(prev, cur)
         parts.append("".join(SUM_SYMBOLS[t] for t in totals) + (COUNTDOWN[left - 1] if left else ""))
         prev, cur = cur, [t % 10 for t in totals]
     return {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": "".join(parts)}]}
@@ -126,11 +129,11 @@ def _unique(make, n: int, seen: set[str], exclude: bool = False) -> list[dict]:
     while len(out) < n:
         ex = make()
         key = ex["messages"][0]["content"]
-        if exclude and key not in seen:
-            out.append(ex)
-        elif not exclude and key not in seen:
+        if key in seen:
+            continue
+        if not exclude:
             seen.add(key)
-            out.append(ex)
+        out.append(ex)
     return out
 
 

@@ -107,13 +107,13 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
         out.append(("MELT stays near Ouro on long answers (ours: the long-answer task; margin 5 pts)",
                     f"{r.columns[long]}: Ouro {pct(r.score('ouro', long))}, MELT (main run) "
                     f"{pct(r.score(r.main_model, long))}; gap Ouro - MELT {ci}", verdict))
-    sharing_col = long or col
-    qs = lambda model: r.per_question(model, sharing_col)  # noqa: E731
+    cache_col = long or col  # cache policies (sharing, the window) are judged on long answers where there are any
+    qs = lambda model: r.per_question(model, cache_col)  # noqa: E731
     parts = {v: beats(qs("ouro"), qs(f"ouro-{v}"), qs("ouro")) for v in r.config["baselines"]["sharing"]}
     out.append(("Untrained KV sharing loses accuracy against Ouro (Table 5: 0.0 for all four variants)"
                 + (" (judged on long answers)" if long else ""),
-                f"{r.columns[sharing_col]}: " + "; ".join(
-                    f"{k} {pct(r.score(f'ouro-{k}', sharing_col))}, Ouro - {k}: {ci}" for k, (_, ci) in parts.items())
+                f"{r.columns[cache_col]}: " + "; ".join(
+                    f"{k} {pct(r.score(f'ouro-{k}', cache_col))}, Ouro - {k}: {ci}" for k, (_, ci) in parts.items())
                 + (f" (short answers, {r.columns[col]}: "
                    + ", ".join(f"{k} {pct(r.score(f'ouro-{k}', col))}" for k in parts) + ")" if long else ""),
                 all_of([v for v, _ in parts.values()])))
@@ -169,8 +169,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
         out.append(("Chunk-wise training is ~10x slower than parallel Ouro distillation (v3 Table 11: 0.105x)",
                     ", ".join(f"{m} {v:.2f}x" for m, v in melt_rows.ratio_to_ouro.items()),
                     HOLDS if worst < 0.5 else FAILS + " (our chunk-wise step is faster relative to Ouro)"))
-    variants = sorted(m for m in r.evals.model.unique() if m.startswith(f"{r.main_model}@prefill-"))
-    for variant in variants:  # our choice of prefill, judged on the embedded task (eval.compare_prefill)
+    for variant in r.main_variants("prefill-"):  # our choice of prefill (eval.compare_prefill)
         mode = variant.partition("@prefill-")[2]
         chunked, exact = (variant, r.main_model) if mode != "exact" else (r.main_model, variant)
         verdict, ci = near(q(chunked), q(exact), 5.0, q(exact))
@@ -178,17 +177,13 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                     "token-by-token prefill (the paper config prefills in chunks)",
                     f"{r.columns[col]}: chunked {pct(r.score(chunked, col))}, exact {pct(r.score(exact, col))}; "
                     f"gap exact - chunked {ci}", verdict))
-    windows = sorted((m for m in r.evals.model.unique() if m.startswith(f"{r.main_model}@window-")),
-                     key=lambda m: int(m.rpartition("-")[2]))
-    wcol = long or col
-    for variant in windows:  # v3's window on the v2-trained main run, at inference (eval.compare_window)
-        verdict, ci = near(r.per_question(variant, wcol), r.per_question(r.main_model, wcol), 5.0,
-                           r.per_question("ouro", wcol))
+    for variant in r.main_variants("window-"):  # v3's window on the v2-trained main run, at inference
+        verdict, ci = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"))
         w = variant.rpartition("-")[2]
         out.append((f"Ours, not the paper's: v3's sliding window (W = {w}), applied at inference to the main run "
                     "trained without one, stays within 5 pts of it",
-                    f"{r.columns[wcol]}: window {pct(r.score(variant, wcol))}, "
-                    f"none {pct(r.score(r.main_model, wcol))}; gap {ci}", verdict))
+                    f"{r.columns[cache_col]}: window {pct(r.score(variant, cache_col))}, "
+                    f"none {pct(r.score(r.main_model, cache_col))}; gap {ci}", verdict))
     out += early_exit_claims(r)
     out.append(("Benchmark numbers at 1.6B scale (AIME, MATH-500, GPQA, ...)",
                 "the embedded default trains a tiny model on a synthetic task; the paper config runs the real suite",

@@ -188,7 +188,7 @@ def accuracy_vs_length(r: Results, ax):
     step = max(1, longest // 24)
     lengths = sorted({*range(step, longest + 1, step), longest})
     models = ["ouro", *(f"ouro-{v}" for v in r.config["baselines"]["sharing"]), r.main_model,
-              *sorted(m for m in r.evals.model.unique() if m.startswith(f"{r.main_model}@")), "melt-untrained"]
+              *r.main_variants(), "melt-untrained"]
     labels = {"ouro": "Ouro teacher (per-loop cache)", r.main_model: "MELT (main run)",
               "melt-untrained": "MELT, converted, untrained"}
     for i, model in enumerate(models):

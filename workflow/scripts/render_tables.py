@@ -101,7 +101,7 @@ def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
                      "MATH-500 diff": None if r.stand_in("MATH-500") else diff(ours, paper),
                      "AIME24 ours": r.estimate(f"ouro-{variant}", "AIME24"), **extra(f"ouro-{variant}")})
     if long:
-        for model in [r.main_model, *sorted(m for m in r.evals.model.unique() if m.startswith(f"{r.main_model}@"))]:
+        for model in [r.main_model, *r.main_variants()]:
             rows.append({"variant": f"MELT main run{' ' + model.partition('@')[2] if '@' in model else ''}",
                          "MATH-500 ours": r.estimate(model, "MATH-500"), "AIME24 ours": r.estimate(model, "AIME24"),
                          **extra(model)})

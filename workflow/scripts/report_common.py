@@ -126,8 +126,8 @@ class Results:
         return np.asarray(rows) if rows and rows[0] else None
 
     def answer_length(self, paper_column: str) -> int:
-        """The longest reference answer (characters) of a column's task, over the evals read so far
-        or the teacher's."""
+        """The longest reference answer (characters) of a column's task, read off the teacher's eval
+        (every model is evaluated on the same questions)."""
         task = self.columns[paper_column].split("/")[0]
         details = self._details("ouro", task) or []
         return max((len(str(d["gold"])) for d in details), default=0)
@@ -140,6 +140,19 @@ class Results:
             return None
         squash = lambda text: re.sub(r"[^a-z0-9]", "", text.lower())  # noqa: E731
         return None if squash(spec.split("/")[0]) == squash(paper_column) else spec
+
+    def main_variants(self, kind: str = "") -> list[str]:
+        """The main run's inference variants that were evaluated (``@prefill-...``, ``@window-W``;
+        ``kind`` e.g. ``window`` picks one kind), in order of kind and then number."""
+        prefix = f"{self.main_model}@{kind}"
+        found = [m for m in self.evals.model.unique() if m.startswith(prefix)]
+
+        def key(model):
+            suffix = model.partition("@")[2]
+            name, number = re.fullmatch(r"(.*?)(\d*)", suffix).groups()
+            return name, int(number) if number else -1
+
+        return sorted(found, key=key)
 
     def run_model(self, gate: str, recipe: str) -> str:
         return f"melt-{gate}__{recipe}"
