@@ -108,6 +108,13 @@ class TrainConfig:
     # ``fresh_optimizer``: the same but a new AdamW state.
     init_from: str | None = None
     handoff: str = "continue"
+    # A folder where the teacher's per-loop logits of each step are kept and read by every run of
+    # the same teacher on the same batches (the embedded default: nine runs a seed read the same
+    # batches in the same order; the teacher's forward is a fifth of a step there). Bitwise the same
+    # training (the same forward, computed once); not for Phase 2's alignment, which needs the
+    # teacher's attention outputs. None: the teacher runs in every step (the paper's scale: 32 x 10K
+    # tokens x 49K vocab x 4 loops of logits a step, far beyond any disk).
+    teacher_cache: str | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainConfig:
@@ -195,6 +202,8 @@ class TrainConfig:
              f"must be an integer >= 1, got {self.keep_checkpoints!r}")
         need(self.handoff in ("continue", "fresh_optimizer"), "handoff",
              f"must be 'continue' or 'fresh_optimizer', got {self.handoff!r}")
+        need(self.teacher_cache is None or (isinstance(self.teacher_cache, str) and self.teacher_cache),
+             "teacher_cache", f"must be a folder path or null, got {self.teacher_cache!r}")
         if problems:
             raise ConfigError("\n".join(problems))
 
@@ -339,7 +348,8 @@ def phase_handoff(cfg: TrainConfig) -> Path:
 def _resume_key(cfg: TrainConfig) -> dict:
     """The fields a checkpoint must agree on to be resumed (not logging, not paths)."""
     d = cfg.to_dict()
-    for k in ("out_dir", "progress", "mlflow", "log_every", "print_every", "run_name", "keep_checkpoints", "device"):
+    for k in ("out_dir", "progress", "mlflow", "log_every", "print_every", "run_name", "keep_checkpoints", "device",
+              "teacher_cache"):
         d.pop(k, None)
     return d
 
@@ -454,6 +464,7 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         what = "resuming" if resume is not None else f"continuing ({cfg.handoff}) after the earlier phases"
         stamp(f"{cfg.run_name} {what} from step {start} ({resume or handoff})")
 
+    shared_teacher = TeacherCache.open(cfg, d, device, micro)
     logger = logger or (make_logger(cfg.mlflow, cfg.run_name, {"stage": "train"}) if d.main else NullLogger())
     if d.main:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -483,7 +494,9 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         for m0 in range(0, ids.shape[0], micro):
             mb_ids, mb_mask = ids[m0:m0 + micro], mask[m0:m0 + micro]
             with autocast:
-                kd, align = _losses(student, teacher, mb_ids, mb_mask, alpha, phase.align_beta, cfg)
+                t_out = _teacher_forward(teacher, mb_ids[:, :-1], phase.align_beta > 0,
+                                         shared_teacher and shared_teacher.file(step, m0))
+                kd, align = _losses(student, t_out, mb_ids, mb_mask, alpha, phase.align_beta, cfg)
                 kd_part = kd / n_tokens
                 align_part = phase.align_beta * align / n_positions if phase.align_beta else kd_part * 0
                 loss = kd_part + align_part
@@ -569,11 +582,62 @@ def _as_tuple(x):
     return tuple(_as_tuple(i) for i in x) if isinstance(x, (list, tuple)) else x
 
 
-def _losses(student, teacher, ids, mask, alpha, beta, cfg: TrainConfig):
+class TeacherCache:
+    """``train.teacher_cache``: the teacher's per-loop logits, one file per (step, rank, micro-batch),
+    in a subfolder keyed by everything that decides them (the teacher's and the data's bytes, the
+    batch order, the ranks, the arithmetic), so a run never reads another teacher's or batch's."""
+
+    def __init__(self, root: Path, rank: int):
+        self.root, self.rank = root, rank
+
+    @classmethod
+    def open(cls, cfg: TrainConfig, d: Dist, device: torch.device, micro: int) -> TeacherCache | None:
+        if not cfg.teacher_cache:
+            return None
+        from .tracking import data_digest
+
+        data = dataclasses.asdict(cfg.data)
+        data.pop("loss_on")  # a mask on the loss, not on the teacher's logits
+        for s in data["sources"]:
+            if "path" in s:
+                s["digest"] = data_digest(s["path"])
+        key = {"teacher": data_digest(cfg.teacher), "data": data, "tokenizer": data_digest(cfg.data.tokenizer),
+               "seed": cfg.seed, "batch_size": cfg.batch_size, "micro": micro, "world": d.world,
+               "autocast_bf16": cfg.autocast_bf16, "device": device.type, "torch": torch.__version__}
+        root = Path(cfg.teacher_cache) / config_hash(key)
+        root.mkdir(parents=True, exist_ok=True)
+        if d.main and not (root / "key.json").is_file():
+            (root / "key.json").write_text(json.dumps(key, indent=2))
+        return cls(root, d.rank)
+
+    def file(self, step: int, m0: int) -> Path:
+        return self.root / f"step-{step:07d}-rank{self.rank}-row{m0}.pt"
+
+
+def _teacher_forward(teacher, inp, need_align: bool, shared: Path | None):
+    """The teacher's output on ``inp``; with ``shared`` (a TeacherCache file) its per-loop logits are
+    read from there when another run already computed them, else computed and left there (written
+    then renamed: a reader never sees half a file)."""
+    if shared is not None and not need_align and shared.is_file():
+        return TeacherLogits(torch.load(shared, map_location=inp.device, weights_only=True))
+    with torch.no_grad():
+        out = teacher(inp, collect_attn_outputs=need_align)
+    if shared is not None and not need_align:
+        tmp = shared.with_name(f"{shared.name}.{os.getpid()}.tmp")
+        torch.save(out.per_loop_logits, tmp)
+        os.replace(tmp, shared)
+    return out
+
+
+@dataclass
+class TeacherLogits:
+    per_loop_logits: torch.Tensor
+    attn_outputs: None = None
+
+
+def _losses(student, t_out, ids, mask, alpha, beta, cfg: TrainConfig):
     inp = ids[:, :-1]
     need_align = beta > 0
-    with torch.no_grad():
-        t_out = teacher(inp, collect_attn_outputs=need_align)
     cache = student.new_cache(detach_past=cfg.detach_past)
     chunk = cfg.chunk_size or inp.shape[1]
     s_out = student(inp, cache=cache, chunk_size=chunk, alpha=alpha, collect_attn_outputs=need_align)

@@ -216,6 +216,30 @@ def test_phase_by_phase_equals_one_run(setup):
         train(cfg_for(setup, "p2_stale", phases=changed, init_from=str(first)))
 
 
+def test_shared_teacher_logits_train_bitwise_the_same(setup, tmp_path):
+    """train.teacher_cache: a run that computes the teacher's logits and leaves them, and a run that
+    reads them, both end bitwise where a run without the cache ends; Phase 2 (alignment) computes
+    the teacher itself; another teacher or another seed never reads these files."""
+    shared = str(tmp_path / "teacher_logits")
+    plain = weights(train(cfg_for(setup, "tc_plain", checkpoint_every=100)))
+    writer = weights(train(cfg_for(setup, "tc_writer", checkpoint_every=100, teacher_cache=shared)))
+    (key_dir,) = (tmp_path / "teacher_logits").iterdir()
+    files = sorted(p.name for p in key_dir.glob("*.pt"))
+    assert files == [f"step-{s:07d}-rank0-row0.pt" for s in range(3)]  # Phase 1's 3 steps; Phase 2 aligns
+    stamps = {p: p.stat().st_mtime_ns for p in key_dir.glob("*.pt")}
+    reader = weights(train(cfg_for(setup, "tc_reader", checkpoint_every=100, teacher_cache=shared)))
+    assert {p: p.stat().st_mtime_ns for p in key_dir.glob("*.pt")} == stamps  # read, not written again
+    for other in (writer, reader):
+        assert all(torch.equal(plain[k], other[k]) for k in plain)
+    train(cfg_for(setup, "tc_seed1", checkpoint_every=100, teacher_cache=shared, seed=1))
+    assert len(list((tmp_path / "teacher_logits").iterdir())) == 2  # another batch order: its own folder
+    # a file that is not what the teacher computes changes the run: the reader really reads them
+    first = key_dir / "step-0000000-rank0-row0.pt"
+    torch.save(torch.zeros_like(torch.load(first, weights_only=True)), first)
+    poisoned = weights(train(cfg_for(setup, "tc_poisoned", checkpoint_every=100, teacher_cache=shared)))
+    assert any(not torch.equal(plain[k], poisoned[k]) for k in plain)
+
+
 def test_logs_read_line_by_line_off_a_terminal(setup, capsys):
     """Off a terminal (a rule's log, a SLURM job) progress is timestamped lines, not one tqdm line
     joined by carriage returns; tiny losses keep their digits; checkpoints are announced."""

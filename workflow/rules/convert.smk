@@ -12,6 +12,7 @@ rule convert:
         convert=config["convert"],
         seed=lambda wc: int(wc.seed),
         mlflow=lambda wc: mlflow_spec("convert", gate=wc.gate, seed=wc.seed),
+    priority: 5  # seconds each, and training waits for them (priorities: workflow/rules/train.smk)
     log:
         f"{OUT}/logs/seed{{seed}}/convert-{{gate}}.log",
     conda:

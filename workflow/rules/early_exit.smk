@@ -27,6 +27,7 @@ rule early_exit:
         seq_len=config["train"]["seq_len"],
         mlflow=lambda wc: mlflow_spec("early_exit", **model_tags(wc.model)),
     threads: 1
+    priority: 4  # minutes, and it waits for the main run: it starts the moment that run ends
     log:
         f"{OUT}/logs/early_exit-{{model}}.log",
     conda:

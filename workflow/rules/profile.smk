@@ -10,6 +10,7 @@ rule profile_memory:
         prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
         mlflow=lambda wc: mlflow_spec("profile", shape=wc.shape),
     threads: 1  # bytes, not time: it may share the machine (profile_speed has it to itself)
+    priority: 1  # after the teacher and training (workflow/rules/train.smk), before the evals
     resources:
         mem_mb=16000,
     log:
@@ -33,6 +34,7 @@ rule profile_speed:
         prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
         mlflow=mlflow_spec("profile", part="speed"),
     threads: 2
+    priority: 1
     log:
         f"{OUT}/logs/profile-speed.log",
     benchmark:

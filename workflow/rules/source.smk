@@ -10,6 +10,10 @@ rule task_data:
     params:
         task=config["source"].get("task"),
         mlflow=mlflow_spec("data"),
+    # The teacher's two threads although it needs one, for the few seconds it runs: profiling (ready
+    # from the start too) must not take a core now, or the teacher, which every training job waits
+    # for, waits for the profiling job to end (it did: 1.2 min of the embedded DAG)
+    threads: 2
     priority: 10
     log:
         f"{OUT}/logs/task_data.log",

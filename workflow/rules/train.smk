@@ -18,6 +18,9 @@ rule phase:
         directory(f"{phase_dir('{gate}', '{path}', '{seed}')}/final"),
     params:
         run_dir=phase_dir("{gate}", "{path}", "{seed}"),
+        # train.share_teacher_logits: where the seed's runs keep the teacher's logits (melt_core/train.py)
+        teacher_cache=lambda wc: f"{OUT}/runs/seed{wc.seed}/teacher_logits"
+        if config["train"].get("share_teacher_logits") else None,
         seed=lambda wc: int(wc.seed),
         # everything that shapes this phase (and, upstream, the phases before it)
         train=config["train"],
@@ -28,6 +31,10 @@ rule phase:
     # one thread: the tiny models gain nothing from a second (30 steps took 20.7 s either way here),
     # so on 2 cores two phases train side by side; on a cluster the submitit job sets its own
     threads: 1
+    # Where jobs wait for cores: the long jobs first (teacher 10, conversions 5, the early-exit sweeps 4,
+    # phases 3, profiling 1), the ~20 s evals (0) fill the gaps and the end, so the last minutes are
+    # short jobs side by side rather than one phase training alone
+    priority: 3
     localrule: config["launcher"]["backend"] == "slurm"
     log:
         f"{OUT}/logs/seed{{seed}}/phase-{{gate}}/{{path}}.log",

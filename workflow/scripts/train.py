@@ -19,6 +19,7 @@ base = dict(sm.params.train)
 template = base.pop("template")
 seq_len = base.pop("seq_len")
 loss_on = base.pop("loss_on")
+base.pop("share_teacher_logits", None)  # the rule's teacher_cache param says where, when set
 first = "/" not in path
 train_cfg = {
     **base,
@@ -28,6 +29,7 @@ train_cfg = {
     "out_dir": sm.params.run_dir,
     "seed": seed,  # data order, dropout-free RNG streams; the gates' init came from this seed's conversion
     "run_name": f"training {gate} {path} seed {seed}",
+    "teacher_cache": sm.params.teacher_cache,
     "progress": True,
     # rule train_data's mixture or the embedded task's split; the tokenizer is the teacher's own
     "data": {"sources": [{"kind": "jsonl", "path": sm.input.data, "schema": "chat"}],
