@@ -87,7 +87,8 @@ def check_rest(base: str) -> tuple[str, list[str]]:
     for gate in CFG["ablations"]["gates"]:
         phases = [r for r in latest.values() if tags[r["info"]["run_id"]].get("rule") == "phase"
                   and tags[r["info"]["run_id"]].get("gate") == gate]
-        evals = [r for r in latest.values() if tags[r["info"]["run_id"]].get("rule") in ("eval", "eval_model")
+        evals = [r for r in latest.values()
+                 if tags[r["info"]["run_id"]].get("rule") in ("eval", "eval_model", "eval_seed")
                  and tags[r["info"]["run_id"]].get("gate") == gate
                  and tags[r["info"]["run_id"]].get("recipe") == gate_recipe]
         trained_seeds = {tags[r["info"]["run_id"]].get("seed") for r in phases}

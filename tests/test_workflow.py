@@ -246,6 +246,7 @@ def test_a_sharded_task_runs_as_shard_jobs_merged_into_the_unsharded_result(tmp_
     cfg["source"]["task"].update(n_train=64)
     task = dict(cfg["eval"]["tasks"]["digit_sum_sampled"], limit=8)
     cfg["eval"]["tasks"] = {"whole": task, "split": dict(task, shards=3)}
+    cfg["eval"]["group_models"] = False  # a model's own grouped job (rule eval_model), not its seed's
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     targets = [str(tmp_path / f"out/eval/ouro/{t}.json") for t in ("whole", "split")]
     plan = _planned_jobs(smk("-n", *targets, "--configfile", str(tmp_path / "c.yaml")))

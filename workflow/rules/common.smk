@@ -152,7 +152,7 @@ def phase_steps():
     """Training steps the DAG runs: every phase node once (shared prefixes once), every seed."""
     nodes = {(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))}
     return len(SEEDS) * sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
-def main_variants():
+def variant_suffixes():
     """The main run evaluated again, per seed, under other inference settings (model id suffixes):
     eval.compare_prefill, the other prefill mode: chunks of the training chunk size where eval
     prefills exactly, else exact (@prefill-...); eval.compare_window, each sliding window W of v3
@@ -161,8 +161,18 @@ def main_variants():
     if config["eval"].get("compare_prefill"):
         suffixes.append("@prefill-" + ("exact" if config["eval"].get("prefill_chunk")
                                        else f"chunk{config['train']['chunk_size']}"))
-    suffixes += [f"@window-{w}" for w in config["eval"].get("compare_window") or []]
-    return [f"{seeded(f'melt-{MAIN_RUN}', s)}{suffix}" for suffix in suffixes for s in SEEDS]
+    return suffixes + [f"@window-{w}" for w in config["eval"].get("compare_window") or []]
+
+
+def main_variants():
+    return [f"{seeded(f'melt-{MAIN_RUN}', s)}{suffix}" for suffix in variant_suffixes() for s in SEEDS]
+
+
+def seed_models(seed):
+    """The model ids of one training seed (``seed`` may be the wildcard ``{seed}``): the converted
+    model, every trained run, the main run's inference variants."""
+    return ([seeded(m, seed) for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
+            + [f"{seeded(f'melt-{MAIN_RUN}', seed)}{suffix}" for suffix in variant_suffixes()])
 
 
 def model_prefill(model):
@@ -178,8 +188,8 @@ def model_window(model):
 
 
 # model ids: the teacher and its sharing baselines once; every MELT model once per training seed
-MODELS = (["ouro"] + [f"ouro-{s}" for s in SHARING]
-          + [seeded(m, s) for s in SEEDS for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
+TEACHER_MODELS = ["ouro"] + [f"ouro-{s}" for s in SHARING]
+MODELS = (TEACHER_MODELS + [seeded(m, s) for s in SEEDS for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
           + main_variants() + [f"dense-{d}" for d in DENSE])
 
 
@@ -256,15 +266,25 @@ def task_shards(task):
 SHARDED_TASKS = [t for t in config["eval"]["tasks"] if task_shards(t) > 1]
 # eval.group_tasks: a model's unsharded tasks in one job (rule eval_model)
 GROUPED_TASKS = [t for t in TASKS if t not in SHARDED_TASKS] if config["eval"].get("group_tasks") else []
+# eval.group_models (with group_tasks): every model of one training seed in one job (rule eval_seed),
+# the teacher and its sharing baselines in another (rule eval_teacher)
+GROUPED_MODELS = bool(GROUPED_TASKS) and bool(config["eval"].get("group_models"))
 
 
-def eval_params(tasks):
+def eval_member(model):
+    """What an eval job needs of one model id: its checkpoint, how it prefills, its window, and its
+    MLflow tags (params: a change reruns the job)."""
+    return {"checkpoint": model_checkpoint(model), "prefill_chunk": model_prefill(model),
+            "window": model_window(model), "tags": {k: str(v) for k, v in model_tags(model).items()}}
+
+
+def eval_params(tasks, models):
     """What an eval job reads (as params: a changed setting reruns it); ``tasks``: task name ->
-    its settings, one entry per output JSON in that order."""
+    its settings; ``models``: wildcards -> the model ids it evaluates; one output JSON per (model,
+    task) in that order."""
     return dict(
         tasks=tasks,
-        prefill_chunk=lambda wc: model_prefill(wc.model),
-        window=lambda wc: model_window(wc.model),
+        models=lambda wc: {m: eval_member(m) for m in models(wc)},
         backend=config["eval"].get("backend", "lighteval"),
         device=config["eval"].get("device", "auto"),
         dtype=config["eval"].get("dtype", "auto"),
@@ -322,9 +342,11 @@ def model_tags(model):
     return tags
 
 
-def eval_inputs(model):
-    """A model's checkpoint, the embedded task's data, and the fetched benchmark data."""
-    inputs = {"model": model_checkpoint(model)}
+def eval_inputs(*models):
+    """The models' checkpoints (``model``, ``model_1``, ... in order, each once), the embedded task's
+    data, and the fetched benchmark data."""
+    checkpoints = list(dict.fromkeys(model_checkpoint(m) for m in models))
+    inputs = {f"model_{i}" if i else "model": c for i, c in enumerate(checkpoints)}
     inputs |= {f"data_{k}": v for k, v in teacher_inputs().items() if k.startswith("test")}
     if LIGHTEVAL_TASKS:
         inputs["benchmarks"] = f"{OUT}/data/benchmarks.json"

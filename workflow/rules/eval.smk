@@ -6,7 +6,11 @@
 # ({task}.shard-i-of-n.json, by a hash of each question) that rule merge_eval joins.
 # `eval.group_tasks: true` (the embedded default) runs every unsharded task of a model in one job
 # (rule eval_model) instead: there a task takes 1-3 s and a job's start (lighteval's import) ~10 s.
-# Either way each task is its own results JSON, log and MLflow run.
+# `eval.group_models: true` (the embedded default) goes further: every model of one training seed in
+# one job (rule eval_seed; a job ~13 s of imports and MLflow set-up, a model's tasks ~7 s), the teacher
+# and its sharing baselines in another (rule eval_teacher). They run after training anyway (the
+# phases come first, workflow/rules/train.smk), so nothing waits longer for them.
+# Either way each (model, task) is its own results JSON, log and MLflow run.
 
 
 localrules:
@@ -25,8 +29,8 @@ rule eval:
     wildcard_constraints:
         shard=r"(|\.shard-\d+-of-\d+)",
     params:
-        **eval_params(lambda wc: {wc.task: eval_task_settings(wc.task, wc.shard)}),
-        mlflow=lambda wc: mlflow_spec("eval", task=wc.task, **model_tags(wc.model)),
+        **eval_params(lambda wc: {wc.task: eval_task_settings(wc.task, wc.shard)}, lambda wc: [wc.model]),
+        mlflow=mlflow_spec("eval"),
     threads: 1
     log:
         f"{OUT}/logs/eval-{{model}}/{{task}}{{shard}}.log",
@@ -50,13 +54,57 @@ if GROUPED_TASKS:
         output:
             [f"{OUT}/eval/{{model}}/{t}.json" for t in GROUPED_TASKS],
         params:
-            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}),
-            mlflow=lambda wc: mlflow_spec("eval", **model_tags(wc.model)),
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: [wc.model]),
+            mlflow=mlflow_spec("eval"),
         threads: 1
         log:
             [f"{OUT}/logs/eval-{{model}}/{t}.log" for t in GROUPED_TASKS],
         benchmark:
             f"{OUT}/benchmarks/eval-{{model}}/all-tasks.tsv"
+        conda:
+            "../../envs/melt.yaml"
+        script:
+            "../scripts/evaluate.py"
+
+
+if GROUPED_MODELS:
+
+    ruleorder: eval_teacher > eval_seed > eval_model > eval
+
+    rule eval_teacher:
+        """The teacher and its untrained sharing baselines on every unsharded task, in one job."""
+        input:
+            unpack(lambda wc: eval_inputs(*TEACHER_MODELS)),
+        output:
+            [f"{OUT}/eval/{m}/{t}.json" for m in TEACHER_MODELS for t in GROUPED_TASKS],
+        params:
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: TEACHER_MODELS),
+            mlflow=mlflow_spec("eval"),
+        threads: 1
+        log:
+            [f"{OUT}/logs/eval-{m}/{t}.log" for m in TEACHER_MODELS for t in GROUPED_TASKS],
+        benchmark:
+            f"{OUT}/benchmarks/eval-teacher.tsv"
+        conda:
+            "../../envs/melt.yaml"
+        script:
+            "../scripts/evaluate.py"
+
+    rule eval_seed:
+        """Every model of one training seed (converted, trained, the main run's variants) on every
+        unsharded task, in one job."""
+        input:
+            unpack(lambda wc: eval_inputs(*seed_models(wc.seed))),
+        output:
+            [f"{OUT}/eval/{m}/{t}.json" for m in seed_models("{seed}") for t in GROUPED_TASKS],
+        params:
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: seed_models(wc.seed)),
+            mlflow=mlflow_spec("eval"),
+        threads: 1
+        log:
+            [f"{OUT}/logs/eval-{m}/{t}.log" for m in seed_models("{seed}") for t in GROUPED_TASKS],
+        benchmark:
+            f"{OUT}/benchmarks/seed{{seed}}/eval.tsv"
         conda:
             "../../envs/melt.yaml"
         script:

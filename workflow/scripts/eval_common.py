@@ -12,13 +12,19 @@ from melt_core.evaluate import (
 )
 
 
-def load_eval_model(sm, log, task_cfg: dict, model=None, **spec_kw):
-    """(ModelSpec, loaded model, device, run) for the job's model id (wildcard ``model``): ouro-*
-    ids are Ouro's sharing baselines; the memory budget is resolved against the loaded weights.
-    ``model``: the one an earlier task of the same job loaded (rule eval_model), reused."""
-    model_id = sm.wildcards.model
-    spec = ModelSpec(name=model_id, path=sm.input.model, prefill_chunk=sm.params.prefill_chunk,
-                     window=getattr(sm.params, "window", None), batching=sm.params.batching, **spec_kw)
+def load_eval_model(sm, log, task_cfg: dict, model_id: str | None = None, member: dict | None = None, model=None,
+                    **spec_kw):
+    """(ModelSpec, loaded model, device, run) for a model id (default: the job's wildcard ``model``):
+    ouro-* ids are Ouro's sharing baselines; the memory budget is resolved against the loaded weights.
+    ``member``: the id's checkpoint, prefill, window and MLflow tags (the eval rules' ``models``
+    param; default: the job's own input and params); ``model``: the one an earlier task of the same
+    job loaded for this id, reused."""
+    model_id = model_id or sm.wildcards.model
+    member = member or {"checkpoint": sm.input.model, "prefill_chunk": sm.params.prefill_chunk,
+                        "window": getattr(sm.params, "window", None),
+                        "tags": (sm.params.mlflow or {}).get("tags", {})}
+    spec = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
+                     window=member["window"], batching=sm.params.batching, **spec_kw)
     if model_id.startswith("ouro-"):
         mode = model_id.removeprefix("ouro-")
         spec.cache_mode, spec.keep_prompt = mode.removesuffix("+prompt"), mode.endswith("+prompt")
@@ -33,15 +39,15 @@ def load_eval_model(sm, log, task_cfg: dict, model=None, **spec_kw):
     spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
     log.log_params({"memory_budget_gb": spec.memory_budget_gb})
     run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
-    link_training_run(sm, log, task_cfg)
+    link_training_run(sm, log, task_cfg, member)
     return spec, model, device, run
 
 
-def link_training_run(sm, log, task_cfg: dict) -> None:
+def link_training_run(sm, log, task_cfg: dict, member: dict) -> None:
     """Tag the run with the checkpoint it evaluates and, for a trained MELT run, the training run
     (rule phase) that wrote that checkpoint, so MLflow leads from a score to its loss curves."""
-    tags = (sm.params.mlflow or {}).get("tags", {})
-    links = {"checkpoint": str(sm.input.model)}
+    tags = member["tags"]
+    links = {"checkpoint": str(member["checkpoint"])}
     data = task_cfg.get("path") or task_cfg.get("data_dir")
     if data:  # a local JSONL or a fetched benchmark copy: what this eval read, with its digest
         log.log_dataset(data, "evaluation")
