@@ -1,6 +1,8 @@
 """Protects the launcher: the same train() runs through submitit's local executor as a real
 job (a separate process, with its own job folder) and ends with the same weights as in-process."""
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,11 @@ def test_the_configs_launchers_are_valid_submitit_slurm_parameters(tmp_path, con
     """Every launcher field of the paper config maps onto a parameter submitit's SLURM executor
     takes (the paper's `max_num_timeout` is an executor argument, and was once passed as a job
     parameter, failing every paper training job at submission)."""
+    if not shutil.which("srun"):  # submitit's SLURM executor refuses to exist without SLURM's tools
+        msg = "no `srun` on this machine (CI starts a one-node cluster: bash .ci/slurm-cluster.sh start)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(msg)  # under CI a missing tool is a failure, never a silent skip
+        pytest.skip(msg)
     launcher = dict(yaml.safe_load((ROOT / "config" / config).read_text())["launcher"])
     if config != "paper.yaml":
         base = dict(yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())["launcher"])
