@@ -74,7 +74,6 @@ def init_weights(model: nn.Module, std: float, generator: torch.Generator) -> No
                     mod.bias.zero_()
 
 
-@torch.no_grad()
 def _check(model: LoopedLM, dev: dict[str, list[dict]], tok) -> dict[str, float]:
     """Greedy exact-match on each dev split, the model left in training mode."""
     model.eval()
@@ -83,6 +82,7 @@ def _check(model: LoopedLM, dev: dict[str, list[dict]], tok) -> dict[str, float]
     return scores
 
 
+@torch.no_grad()
 def greedy_exact_match(model: LoopedLM, records: list[dict], tokenizer, template: str = "plain",
                        max_new_tokens: int | None = None, batch_size: int = 64, **gen_kw) -> dict:
     """Share of records whose greedy completion equals the reference assistant answer."""
