@@ -24,19 +24,21 @@ fi
 # System packages from Debian, installed where we may (root with apt), else asked for:
 # - bubblewrap: HumanEval+ scoring runs model-written code only inside it (melt_core/sandbox.py),
 #   and refuses to run without it;
+# - python3-numpy: the sandbox runs the system python3, and solutions to HumanEval+ may import numpy;
 # - chromium-headless-shell: the browse check (.ci/check_browse.py) opens the MLflow UI in it.
-apt_install() {  # apt_install COMMAND PACKAGE WHY
-  command -v "$1" >/dev/null && return 0
+apt_install() {  # apt_install CHECK PACKAGE WHY: installs PACKAGE unless the shell command CHECK succeeds
+  bash -c "$1" >/dev/null 2>&1 && return 0
   if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null; then
     echo "setup: installing $2 ($3)"
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         "$2"; } > ".venv/apt-$2.log" 2>&1 || { tail -n 20 ".venv/apt-$2.log" >&2; exit 1; }
   else
-    echo "setup: $1 is missing; install it (e.g. apt-get install $2) for $3" >&2
+    echo "setup: $2 is missing; install it (e.g. apt-get install $2) for $3" >&2
   fi
 }
-apt_install bwrap bubblewrap "the sandbox for model-written code: HumanEval+ scoring"
-apt_install chromium-headless-shell chromium-headless-shell "the browse check of the MLflow UI"
+apt_install "test -x /usr/bin/bwrap" bubblewrap "the sandbox for model-written code: HumanEval+ scoring"
+apt_install "/usr/bin/python3 -c 'import numpy'" python3-numpy "numpy inside the sandbox (HumanEval+ solutions import it)"
+apt_install "command -v chromium-headless-shell" chromium-headless-shell "the browse check of the MLflow UI"
 # `snakemake --profile NAME` searches ./NAME, then ~/.config/snakemake/NAME: link ours there
 # unless the user already has a different profile of that name.
 profiles="${XDG_CONFIG_HOME:-$HOME/.config}/snakemake"

@@ -1,32 +1,52 @@
 """HumanEval+ (evalplus/humanevalplus), which lighteval does not define: a lighteval task of
 our own whose scorer runs each completion against the benchmark's tests.
 
-Scoring executes model-generated code, always inside the bubblewrap sandbox of
-melt_core/sandbox.py (no network, no host files, private PID namespace killed whole, CPU,
-memory, process, file-size and output limits); a task opts in with ``allow_code_execution: true``.
-A pass means every test ran and passed: the scorer hands the program a fresh nonce on stdin,
-and only the harness code after ``check(...)`` writes it back, so a program that exits early
-(``exit()`` under ``__main__``, ``os._exit(0)``, an atexit hook, ``sys.excepthook``, a raised
-``SystemExit(0)``) fails whatever its exit status.
+The untrusted process computes; the scorer judges. Model-written code runs only inside the
+bubblewrap sandbox of melt_core/sandbox.py, as a server (melt_core/code_harness.py) that answers
+calls of the entry point with the values it computed, in a JSON format that decodes to plain
+builtins. No pass signal, nonce or expected value is ever inside the sandbox, so nothing the
+program prints, exits with, patches or reads can make it pass. A task opts in with
+``allow_code_execution: true``. The benchmark's ``test`` field is read as data (``ast``), in the
+shapes evalplus writes it (tools/humaneval/to_original_fmt.py):
+
+* ``io``: literal ``inputs`` and ``results`` lists and ``assertion(candidate(*inp), exp, atol)``:
+  the scorer compares each output with evalplus's ``assertion`` (exact, else ``allclose`` with
+  ``atol``, or 1e-6 where the expected value is float), bools strict, lists and tuples distinct.
+* ``reference``: literal ``inputs`` and a ``ref_func`` (problems whose outputs are too large to
+  store): the expected values are the reference's, computed by the same server in a sandbox of
+  their own; outputs over ``code_harness.SEND_LIMIT`` are compared by the sha256 of their key.
+* ``root`` (HumanEval/32, ``find_zero``): the output must be a number x with |poly(xs, x)| <= atol.
+  The dataset's own line, ``_poly(*candidate(*inp), inp) <= atol``, unpacks a float and fails for
+  every program, the reference included; we judge the property it means.
+* ``script``: anything else (the original HumanEval's asserts): the benchmark's own test code runs
+  in a second sandbox (``code_harness.judge``) whose ``candidate`` is a stub whose calls the scorer
+  relays to the server, so the test's interpreter never holds the completion's code or objects.
+  Its verdict is the test code's: it rules out every attack on the interpreter (frames, builtins,
+  exit status, output, ``__eq__``), not a weak test.
 """
 
 from __future__ import annotations
 
+import ast
+import math
 import re
-import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from lighteval.models.model_output import ModelResponse
 from lighteval.tasks.requests import Doc
+
+from . import code_harness
+from .code_harness import decode, digest, encode, key
+from .sandbox import Limits, Sandboxed
 
 INSTRUCTION = ("Complete the following Python function. Give the whole function, with any imports it "
                "needs, in one ```python code block.\n\n")
 _BLOCK = re.compile(r"```(?:python|py)?\n(.*?)```", re.DOTALL)
 TIMEOUT_S = 20.0  # per completion, wall clock (CPU time is capped one second above it)
 MEMORY_GB = 2.0  # address space per process inside the sandbox
-# Harness around the program: the nonce is read before the model's code runs and written back
-# only after the tests, then the interpreter ends at once (no atexit hook, no thread runs after).
-PROLOGUE = "import sys as _melt_sys\n_melt_nonce = _melt_sys.stdin.readline().strip()\ndel _melt_sys\n"
-EPILOGUE = "\nimport os as _melt_os\n_melt_os.write(1, ('\\n' + _melt_nonce + '\\n').encode())\n_melt_os._exit(0)\n"
+HARNESS_SOURCE = Path(code_harness.__file__).read_text()
 
 
 def humaneval_prompt(line: dict, task_name: str | None = None) -> Doc:
@@ -36,32 +56,231 @@ def humaneval_prompt(line: dict, task_name: str | None = None) -> Doc:
 
 
 def program(doc: Doc, completion: str) -> str:
-    """The code to run: the last python block after any reasoning (or the bare completion as the
-    function's body), after the benchmark's prompt (its imports and signature), then the tests."""
+    """The code to serve: the last python block after any reasoning (or the bare completion as the
+    function's body), after the benchmark's prompt (its imports, helpers and signature)."""
     answer = completion.split("</think>")[-1]
     blocks = _BLOCK.findall(answer)
     code = blocks[-1] if blocks else answer
     spec = doc.specific
     if not re.search(rf"def\s+{re.escape(spec['entry_point'])}\s*\(", code):
-        code = spec["prompt"] + code  # a continuation of the signature: the function's body
-    else:
-        code = spec["prompt"] + "\n    pass\n\n" + code  # keep the prompt's imports; the block redefines it
-    return f"{PROLOGUE}{code}\n\n{spec['test']}\n\ncheck({spec['entry_point']})\n{EPILOGUE}"
+        return spec["prompt"] + code  # a continuation of the signature: the function's body
+    return spec["prompt"] + "\n    pass\n\n" + code  # keep the prompt's imports; the block redefines it
+
+
+# ----------------------------------------------------------------------------- the tests, as data
+@dataclass
+class Digest:
+    """An expected value known only by the sha256 of its key (too large to send)."""
+    hex: str
+
+
+@dataclass
+class TestPlan:
+    kind: str  # io | reference | root | script
+    inputs: list = field(default_factory=list)
+    results: list | None = None  # io: from the test; reference: filled by the reference's run
+    atol: float = 0.0
+    source: str = ""  # reference: the test module without check(); script: prompt + test code
+
+
+class _unlimited_int_digits:
+    """evalplus writes integers of any size into its tests (HumanEval/83's have ~10^6 digits)."""
+
+    def __enter__(self):
+        self.saved = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)
+
+    def __exit__(self, *exc):
+        sys.set_int_max_str_digits(self.saved)
+
+
+def _is_call(node, name: str, starred_arg: str | None = None) -> bool:
+    ok = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+    if ok and starred_arg is not None:
+        ok = (len(node.args) == 1 and isinstance(node.args[0], ast.Starred)
+              and isinstance(node.args[0].value, ast.Name) and node.args[0].value.id == starred_arg)
+    return ok
+
+
+def parse_tests(test: str, prompt: str) -> TestPlan:
+    """The benchmark's test code as a TestPlan (see the module docstring for the shapes)."""
+    script = TestPlan("script", source=prompt + "\n    pass\n\n" + test)
+    with _unlimited_int_digits():
+        tree = ast.parse(test)
+    check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
+    if check is None:
+        return script
+    assigned = {n.targets[0].id: n.value for n in check.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name)}
+    loops = [n for n in check.body if isinstance(n, ast.For)]
+    if "inputs" not in assigned or len(loops) != 1 or len(loops[0].body) != 1 or len(check.body) != len(assigned) + 1:
+        return script
+    try:
+        with _unlimited_int_digits():
+            inputs = ast.literal_eval(assigned["inputs"])
+            results = ast.literal_eval(assigned["results"]) if "results" in assigned else None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return script
+    if not isinstance(inputs, list) or not all(isinstance(i, list) for i in inputs):
+        return script
+    stmt = loops[0].body[0]
+    target = loops[0].target  # `i, (inp, exp)` or `i, inp`
+    names = [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    inp = names[1] if len(names) >= 2 else None
+    if (isinstance(stmt, ast.Expr) and _is_call(stmt.value, "assertion") and len(stmt.value.args) == 3
+            and _is_call(stmt.value.args[0], "candidate", inp) and isinstance(stmt.value.args[2], ast.Constant)):
+        atol = float(stmt.value.args[2].value)
+        expected = stmt.value.args[1]
+        if isinstance(expected, ast.Name) and results is not None and len(results) == len(inputs):
+            return TestPlan("io", inputs, results, atol)
+        if _is_call(expected, "ref_func", inp) and results is None:
+            module = ast.Module([n for n in tree.body if n is not check], type_ignores=[])
+            return TestPlan("reference", inputs, None, atol, source=ast.unparse(module))
+    if (isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1
+            and isinstance(stmt.test.ops[0], ast.LtE) and isinstance(stmt.test.comparators[0], ast.Constant)
+            and _is_call(stmt.test.left, "_poly") and all(len(i) == 1 for i in inputs)):
+        return TestPlan("root", inputs, None, float(stmt.test.comparators[0].value))
+    return script
+
+
+# ----------------------------------------------------------------------------- judging, in the scorer
+def is_floats(x) -> bool:
+    """evalplus's: a float, or a list/tuple of floats only (its numpy branch: arrays never arrive)."""
+    return type(x) is float or (type(x) in (list, tuple) and all(type(v) is float for v in x))
+
+
+def _close(out, exp, atol: float, rtol: float = 1e-7) -> bool:
+    """numpy.testing.assert_allclose's test, on plain numbers and equal-shaped sequences of them;
+    bools are not numbers here."""
+    if type(exp) in (list, tuple):
+        return type(out) in (list, tuple) and len(out) == len(exp) and all(
+            _close(o, e, atol, rtol) for o, e in zip(out, exp))
+    if type(out) not in (int, float) or type(exp) not in (int, float):
+        return False
+    try:
+        if math.isnan(out) or math.isnan(exp):
+            return math.isnan(out) and math.isnan(exp)
+        if math.isinf(out) or math.isinf(exp):
+            return out == exp
+        return abs(out - exp) <= atol + rtol * abs(exp)
+    except OverflowError:
+        return False
+
+
+def assertion_holds(out, exp, atol: float) -> bool:
+    """evalplus's ``assertion(out, exp, atol)`` with strict types: an exact match of keys, else,
+    for float results or a nonzero atol, closeness."""
+    if key(out) == key(exp):
+        return True
+    if atol == 0 and is_floats(exp):
+        atol = 1e-6
+    return atol != 0 and _close(out, exp, atol)
+
+
+def is_root(xs: list, x, atol: float) -> bool:
+    if type(x) not in (int, float) or not all(type(c) in (int, float) for c in xs):
+        return False
+    try:
+        return abs(math.fsum(c * math.pow(x, i) for i, c in enumerate(xs))) <= atol
+    except (OverflowError, ValueError):
+        return False
+
+
+def agrees(reply: dict | None, expected, plan: TestPlan, inp: list) -> bool:
+    """Whether one reply of the server is the right output for input ``inp``."""
+    if reply is None or len(reply) != 1:
+        return False
+    try:
+        if "digest" in reply:
+            return type(reply["digest"]) is str and reply["digest"] == (
+                expected.hex if isinstance(expected, Digest) else digest(expected))
+        if "v" not in reply:
+            return False
+        out = decode(reply["v"])
+        if plan.kind == "root":
+            return is_root(inp[0], out, plan.atol)
+        if isinstance(expected, Digest):
+            return digest(out) == expected.hex
+        return assertion_holds(out, expected, plan.atol)
+    except (ValueError, TypeError, RecursionError):
+        return False
 
 
 class PassesTests:
-    """1.0 when every test of the benchmark ran and passed inside the sandbox, else 0.0 (errors,
-    early exits, timeouts, no code)."""
+    """1.0 when every test of the benchmark ran and the scorer judged every output right, else 0.0
+    (errors, exits, timeouts, wrong or unreadable outputs, no code). A sandbox that cannot run
+    raises (melt_core.sandbox.SandboxError): never a score."""
 
     def __init__(self, unsafe_no_sandbox: bool = False):
         self.unsafe_no_sandbox = unsafe_no_sandbox
+        self.plans: dict[str, TestPlan] = {}
+
+    def limits(self) -> Limits:
+        return Limits(timeout_s=TIMEOUT_S, cpu_s=int(TIMEOUT_S) + 1, memory_bytes=int(MEMORY_GB * 2**30))
+
+    def _server(self, source: str, entry_point: str) -> Sandboxed:
+        return Sandboxed({"harness.py": HARNESS_SOURCE, "program.py": source}, ["harness.py", "serve", entry_point],
+                         self.limits(), self.unsafe_no_sandbox)
+
+    def plan(self, doc: Doc) -> TestPlan:
+        spec = doc.specific
+        if spec["test"] not in self.plans:
+            plan = parse_tests(spec["test"], spec["prompt"])
+            if plan.kind == "reference":
+                plan.results = self._reference_outputs(plan)
+            self.plans[spec["test"]] = plan
+        return self.plans[spec["test"]]
+
+    def _reference_outputs(self, plan: TestPlan) -> list:
+        outputs = []
+        with self._server(plan.source, "ref_func") as box:
+            ready = box.receive()
+            for inp in plan.inputs:
+                reply = box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}) and box.receive()
+                if not reply or len(reply) != 1 or not ({"v", "digest"} & set(reply)):
+                    raise RuntimeError(f"the benchmark's reference failed on input {str(inp)[:200]} "
+                                       f"(ready: {ready}, reply: {reply}); its test cannot be judged")
+                outputs.append(Digest(reply["digest"]) if "digest" in reply else decode(reply["v"]))
+        return outputs
 
     def __call__(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
-        from .sandbox import Limits, run_untrusted
+        with _unlimited_int_digits():  # values of any size travel as JSON numbers
+            return self._score(doc, model_response.text[0])
 
-        nonce = secrets.token_hex(16)
-        limits = Limits(timeout_s=TIMEOUT_S, cpu_s=int(TIMEOUT_S) + 1, memory_bytes=int(MEMORY_GB * 2**30))
-        result = run_untrusted(program(doc, model_response.text[0]), stdin=(nonce + "\n").encode(), limits=limits,
-                               unsafe_no_sandbox=self.unsafe_no_sandbox)
-        passed = result.returncode == 0 and f"\n{nonce}\n".encode() in result.output
-        return float(passed)
+    def _score(self, doc: Doc, completion: str) -> float:
+        plan = self.plan(doc)
+        source = program(doc, completion)
+        if plan.kind == "script":
+            return float(self._judged_by_script(plan, source, doc.specific["entry_point"]))
+        with self._server(source, doc.specific["entry_point"]) as box:
+            if box.receive() != {"ready": True}:
+                return 0.0
+            for inp, expected in zip(plan.inputs, plan.results or [None] * len(plan.inputs)):
+                if not box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}):
+                    return 0.0
+                if not agrees(box.receive(), expected, plan, inp):
+                    return 0.0
+        return 1.0
+
+    def _judged_by_script(self, plan: TestPlan, source: str, entry_point: str) -> bool:
+        """The benchmark's test code in one sandbox, the completion in another, each call relayed
+        through here as decoded, re-encoded values."""
+        judge_files = {"harness.py": HARNESS_SOURCE, "program.py": plan.source}
+        with self._server(source, entry_point) as server, \
+                Sandboxed(judge_files, ["harness.py", "judge", entry_point], self.limits(),
+                          self.unsafe_no_sandbox) as judge:
+            ready = server.receive() == {"ready": True}
+            while (message := judge.receive()) is not None:
+                if "verdict" in message:
+                    return message == {"verdict": "pass"}
+                reply = {"error": "no reply"}
+                if ready and set(message) == {"args"} and server.send({"args": message["args"], "send_limit": None}):
+                    answer = server.receive()
+                    try:
+                        if answer is not None and set(answer) == {"v"}:
+                            reply = {"v": encode(decode(answer["v"]))}
+                    except (ValueError, TypeError, RecursionError):
+                        pass
+                if not judge.send(reply):
+                    return False
+        return False

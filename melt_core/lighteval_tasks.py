@@ -296,14 +296,14 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
         raise ConfigError(f"{where}: scoring HumanEval+ runs the model's code (in a bubblewrap sandbox: no "
                           "network, no host files, limits); opt in with `allow_code_execution: true`")
     if runs_code and not spec.get("unsafe_no_sandbox"):
-        from .sandbox import SandboxUnavailable, available, interpreter
+        from .sandbox import BWRAP_PATHS, SandboxUnavailable, available, self_test
 
         if not available():
             raise SandboxUnavailable(f"{where}: HumanEval+ runs the model's code, and bubblewrap (bwrap) is not "
-                                     "installed on this machine: install it (`apt-get install bubblewrap`; "
-                                     "envs/setup.sh does as root), or set `unsafe_no_sandbox: true` to run it "
-                                     "unisolated at your own risk")
-        interpreter()  # a system python3 the sandbox can run
+                                     f"installed on this machine ({' or '.join(BWRAP_PATHS)}): install it "
+                                     "(`apt-get install bubblewrap`; envs/setup.sh does as root), or set "
+                                     "`unsafe_no_sandbox: true` to run it unisolated at your own risk")
+        self_test()  # a sandbox that cannot start fails here, before any model runs, naming the cause
     configs = []
     for base in found:
         name = spec["name"] if len(found) == 1 else f"{spec['name']}:{base.name}"

@@ -4,38 +4,57 @@ installed by envs/setup.sh), the unprivileged sandbox Flatpak is built on.
 What the program gets: a new PID, network, IPC, UTS and user namespace (it sees only its own
 processes, has no network, not even loopback to the host's services); a read-only view of the
 system's ``/usr``, ``/lib*``, ``/bin`` and nothing else of the host (no home, no project, no
-caches, no credentials); an empty private writable ``/work`` and ``/tmp``; a cleared environment;
-its own session (it cannot signal the scorer's process group). When its main process ends, the
-namespace's init ends and the kernel kills every process it forked. Limits (setrlimit, inherited
-by every process inside): CPU seconds, address space per process, process count (the sandbox
-runs as ``nobody`` when the scorer is root, so the count is its own), file size; a wall-clock
-timeout; stdout and stderr captured to a bounded tail. The memory of all its processes together
-and their number are capped by a cgroup of their own (v2, or v1's memory and pids controllers)
-where the scorer may create one (root, or a delegated subtree); elsewhere total memory is bounded
-by ``memory_bytes * max_processes`` only, and ``cgroup_in_use()`` says which holds.
+caches, no credentials); a read-only root; a cleared environment; its own session (it cannot
+signal the scorer's process group). bwrap itself is started by absolute path from the system's
+directories (never found through ``PATH``) with an environment of three fixed variables, so
+nothing of the scorer's environment exists anywhere inside, ``/proc/1/environ`` (bwrap, PID 1 of
+the namespace) included. When its main process ends, the namespace's init ends and the kernel
+kills every process it forked. Limits (setrlimit, inherited by every process inside): CPU
+seconds, address space per process, process count (the sandbox runs as ``nobody`` when the
+scorer is root, so the count is its own), file size; a wall-clock timeout; output captured to a
+bounded tail. The memory of all its processes together and their number are capped by a cgroup
+of their own (v2, or v1's memory and pids controllers) where the scorer may create one (root, or
+a delegated subtree); elsewhere total memory is bounded by ``memory_bytes * max_processes`` only,
+and ``cgroup_in_use()`` says which holds. Writable space: ``/tmp`` and ``/work`` as tmpfs of
+``tmp_bytes`` each where bwrap can size them (``--size``, bubblewrap >= 0.10); else tmpfs whose
+pages count against the cgroup's memory where there is one; else none at all (read-only).
+
+bwrap's own failure (user namespaces blocked, a missing mount point) is never mistaken for the
+program's: bwrap reports the child it started on a status descriptor, and a run whose child never
+started raises ``SandboxError`` with bwrap's message. ``self_test()`` runs a known-good and a
+known-bad program, so a task that needs the sandbox fails when it is built, naming the cause.
 
 Where bubblewrap is missing, nothing runs unless the caller passes ``unsafe_no_sandbox=True``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import secrets
-import shutil
+import select
 import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 NOBODY = 65534
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib32", "/lib64", "/sbin", "/etc/alternatives")
+BWRAP_PATHS = ("/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap")
+# bwrap's own environment, which the program could read as /proc/1/environ: nothing of the scorer's
+BWRAP_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/work"}
 
 
 class SandboxUnavailable(RuntimeError):
     """No isolation tool on this machine, and no explicit unsafe opt-in."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (not the program in it): never a score."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +64,9 @@ class Limits:
     memory_bytes: int = 2 << 30  # address space per process, and all processes together (cgroup)
     max_processes: int = 16
     file_bytes: int = 64 << 20  # largest file it may write
+    tmp_bytes: int = 64 << 20  # size of each writable tmpfs (/tmp, /work)
     output_bytes: int = 64 << 10  # stdout/stderr tail kept
+    reply_bytes: int = 256 << 20  # largest reply line a session accepts
 
 
 @dataclass
@@ -56,26 +77,49 @@ class Result:
     timed_out: bool
 
 
-def interpreter() -> str:
-    """The Python that runs inside: the system's (readable by ``nobody``, stdlib only)."""
-    for candidate in ("/usr/bin/python3", shutil.which("python3") or ""):
-        if candidate and os.access(candidate, os.X_OK) and not candidate.startswith(("/root", "/home")):
-            return candidate
-    raise SandboxUnavailable("no system python3 under /usr for the sandbox (install Debian's python3)")
+def bwrap_path() -> str | None:
+    return next((p for p in BWRAP_PATHS if os.access(p, os.X_OK)), None)
 
 
 def available() -> bool:
-    return shutil.which("bwrap") is not None
+    return bwrap_path() is not None
 
 
-def _bwrap_argv(program_dir: Path, python: str) -> list[str]:
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+def interpreter() -> str:
+    """The Python that runs inside: the system's (readable by ``nobody``; envs/setup.sh installs
+    numpy for it, which HumanEval+ solutions may import)."""
+    for candidate in ("/usr/bin/python3", "/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise SandboxUnavailable("no system python3 under /usr/bin for the sandbox (install Debian's python3)")
+
+
+@cache
+def _bwrap_sizes_tmpfs(bwrap: str) -> bool:
+    try:
+        out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, env=BWRAP_ENV, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in out.stdout + out.stderr
+
+
+def _bwrap_argv(bwrap: str, program_dir: Path, command: list[str], limits: Limits, cgroup: bool,
+                status_fd: int) -> list[str]:
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            "--json-status-fd", str(status_fd),
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/work", "--setenv", "LANG", "C.UTF-8"]
     for d in SYSTEM_DIRS:
         if Path(d).exists():
             argv += ["--ro-bind", d, d]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/work",
-             "--ro-bind", str(program_dir), "/sandbox", "--chdir", "/work", python, "-I", "/sandbox/program.py"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for d in ("/tmp", "/work"):
+        if _bwrap_sizes_tmpfs(bwrap):
+            argv += ["--size", str(limits.tmp_bytes), "--tmpfs", d]
+        elif cgroup:  # tmpfs pages are charged to the writer's cgroup: bounded by memory_bytes
+            argv += ["--tmpfs", d]
+        else:  # nothing could bound a tmpfs: no writable place at all
+            argv += ["--dir", d]
+    argv += ["--ro-bind", str(program_dir), "/sandbox", "--remount-ro", "/", "--chdir", "/work", *command]
     return argv
 
 
@@ -165,50 +209,171 @@ def _drain(stream, keep: int, sink: dict) -> None:
     sink["tail"], sink["total"] = tail, total
 
 
-def run_untrusted(source: str, stdin: bytes = b"", limits: Limits = Limits(),
-                  unsafe_no_sandbox: bool = False) -> Result:
-    """Run Python ``source`` (given as a file, never argv: any length) isolated; returns its exit
-    status and output tail. ``stdin`` is fed to it (e.g. a nonce the scorer checks for)."""
-    if not available() and not unsafe_no_sandbox:
-        raise SandboxUnavailable(
-            "refusing to run model-written code: bubblewrap (bwrap) is not installed, so there is no "
-            "isolation layer. Install it (`apt-get install bubblewrap`, done by envs/setup.sh as root), or "
-            "set the task's `unsafe_no_sandbox: true` to run it unisolated at your own risk")
-    with tempfile.TemporaryDirectory(prefix="melt-sandbox-") as tmp:
-        program_dir = Path(tmp)
-        (program_dir / "program.py").write_text(source)
+class Sandboxed:
+    """One program running isolated: ``files`` written into a read-only ``/sandbox``, then
+    ``python3 -I /sandbox/<args[0]> <args[1:]>``. With ``merge_output`` stdout joins stderr in the
+    captured tail; otherwise stdout is a channel read with ``receive``. Use as a context manager:
+    leaving it kills everything inside and removes its files and cgroup."""
+
+    def __init__(self, files: dict[str, str], args: list[str], limits: Limits = Limits(),
+                 unsafe_no_sandbox: bool = False, merge_output: bool = False):
+        bwrap = bwrap_path()
+        if bwrap is None and not unsafe_no_sandbox:
+            raise SandboxUnavailable(
+                "refusing to run model-written code: bubblewrap (bwrap) is not installed in "
+                f"{' or '.join(BWRAP_PATHS)}, so there is no isolation layer. Install it (`apt-get install "
+                "bubblewrap`, done by envs/setup.sh as root), or set the task's `unsafe_no_sandbox: true` to run "
+                "it unisolated at your own risk")
+        self.limits, self.isolated = limits, bwrap is not None
+        self.deadline = time.monotonic() + limits.timeout_s
+        self._tmp = tempfile.TemporaryDirectory(prefix="melt-sandbox-")
+        program_dir = Path(self._tmp.name)
+        for name, text in files.items():
+            (program_dir / name).write_text(text)
+            os.chmod(program_dir / name, 0o644)
         os.chmod(program_dir, 0o755)
-        os.chmod(program_dir / "program.py", 0o644)
-        if available():
-            argv, cwd, env = _bwrap_argv(program_dir, interpreter()), None, None
+        self._group = _Cgroup(limits)
+        python = interpreter()
+        status_r, status_w = os.pipe()
+        if self.isolated:
+            command = [python, "-I", f"/sandbox/{args[0]}", *args[1:]]
+            argv = _bwrap_argv(bwrap, program_dir, command, limits, bool(self._group.dirs), status_w)
+            cwd = None
         else:  # explicit unsafe opt-in: limits only, no isolation
-            argv = [interpreter(), "-I", str(program_dir / "program.py")]
-            cwd, env = tmp, {"PATH": "/usr/bin:/bin"}
-        group = _Cgroup(limits)
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd=cwd, env=env, preexec_fn=_preexec(limits, group), start_new_session=True)
-        sink: dict = {}
-        reader = threading.Thread(target=_drain, args=(proc.stdout, limits.output_bytes, sink), daemon=True)
-        reader.start()
+            argv, cwd = [python, "-I", str(program_dir / args[0]), *args[1:]], self._tmp.name
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_output else subprocess.PIPE, cwd=cwd, env=dict(BWRAP_ENV),
+            preexec_fn=_preexec(limits, self._group), start_new_session=True, pass_fds=(status_w,))
+        os.close(status_w)
+        self._sink: dict = {}
+        self._tail = self.proc.stdout if merge_output else self.proc.stderr
+        self._reader = threading.Thread(target=_drain, args=(self._tail, limits.output_bytes, self._sink), daemon=True)
+        self._reader.start()
+        self._buffer = b""
+        self._status_r = status_r  # open until the end: bwrap writes the exit status there too
         try:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
+            if self.isolated:
+                self._await_child(status_r)
+        except BaseException:
+            self.close()
+            raise
+
+    def _await_child(self, status_r: int) -> None:
+        """bwrap writes ``{"child-pid": N}`` once the program is started; EOF before it means
+        bwrap itself failed (its message is in the output tail)."""
+        data = b""
+        while b"child-pid" not in data:
+            ready, _, _ = select.select([status_r], [], [], max(0.0, self.deadline - time.monotonic()))
+            chunk = os.read(status_r, 4096) if ready else b""
+            if not chunk:
+                self.proc.wait(timeout=5) if ready else None
+                self._reader.join(timeout=2)
+                message = self._sink.get("tail", b"").decode(errors="replace").strip()
+                raise SandboxError(f"bubblewrap could not start the sandbox (exit {self.proc.returncode}): "
+                                   f"{message or 'no message'}. Typical causes: unprivileged user namespaces "
+                                   "are disabled (sysctl kernel.unprivileged_userns_clone=1, or "
+                                   "user.max_user_namespaces > 0), or an AppArmor/seccomp policy forbids them")
+            data += chunk
+
+    def send(self, message: dict) -> bool:
+        """Write one JSON line to the program; False when it is gone, stalled or out of time."""
+        data = json.dumps(message).encode() + b"\n"
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        while data:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                return False
+            try:
+                data = data[os.write(fd, data):]
+            except (BrokenPipeError, BlockingIOError):
+                return False
+        return True
+
+    def receive(self) -> dict | None:
+        """The next JSON line from the program's channel; None at its end, past the deadline, on a
+        line over ``reply_bytes`` or on anything that is not a JSON object."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or len(self._buffer) > self.limits.reply_bytes:
+                return None
+            if not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return None
+        return message if isinstance(message, dict) else None
+
+    def wait(self) -> Result:
+        """Feed nothing more, wait for the program's end (or the deadline), and collect its output."""
+        try:
+            self.proc.stdin.close()
         except BrokenPipeError:
             pass
         timed_out = False
         try:
-            proc.wait(timeout=limits.timeout_s)
+            self.proc.wait(timeout=max(0.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(proc.pid, 9)  # bwrap's session: its namespace dies with it
-            proc.wait()
-        if not available():  # unisolated: end whatever it forked into its session
+        self.close()
+        return Result(None if timed_out else self.proc.returncode, self._sink.get("tail", b""),
+                      self._sink.get("total", 0), timed_out)
+
+    def close(self) -> None:
+        """Kill everything inside (bwrap's session; its namespace dies with it) and clean up."""
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._reader.join(timeout=5)  # the namespace is gone: its pipes reach their end
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
-                os.killpg(proc.pid, 9)
-            except ProcessLookupError:
+                stream.close() if stream is not None else None
+            except OSError:
                 pass
-        # the program's main process has ended; its namespace (and any child holding the pipe) is
-        # gone with it, so the reader reaches end of file promptly
-        reader.join(timeout=5)
-        group.remove()
-        return Result(None if timed_out else proc.returncode, sink.get("tail", b""), sink.get("total", 0), timed_out)
+        if self._status_r is not None:
+            os.close(self._status_r)
+            self._status_r = None
+        self._group.remove()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Sandboxed:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_untrusted(source: str, stdin: bytes = b"", limits: Limits = Limits(),
+                  unsafe_no_sandbox: bool = False) -> Result:
+    """Run Python ``source`` (given as a file, never argv: any length) isolated; returns its exit
+    status and output tail. ``stdin`` is fed to it."""
+    box = Sandboxed({"program.py": source}, ["program.py"], limits, unsafe_no_sandbox, merge_output=True)
+    fd = box.proc.stdin.fileno()
+    try:
+        while stdin and select.select([], [fd], [], max(0.0, box.deadline - time.monotonic()))[1]:
+            stdin = stdin[os.write(fd, stdin):]
+    except BrokenPipeError:
+        pass
+    return box.wait()
+
+
+def self_test(limits: Limits = Limits(timeout_s=30.0)) -> None:
+    """A known-good program must run and a known-bad one must fail, or the sandbox is not usable
+    here: raises SandboxError naming what went wrong."""
+    good = run_untrusted("print(6 * 7)", limits=limits)
+    if good.returncode != 0 or good.output.strip() != b"42":
+        raise SandboxError(f"sandbox self-test: a program printing 42 gave exit {good.returncode} and output "
+                           f"{good.output[-300:]!r}")
+    bad = run_untrusted("raise SystemExit(3)", limits=limits)
+    if bad.returncode != 3:
+        raise SandboxError(f"sandbox self-test: a program exiting 3 gave exit {bad.returncode}")

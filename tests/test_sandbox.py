@@ -4,10 +4,12 @@ scorer, its files, its process group and its network survive. Under CI a missing
 failure (envs/setup.sh installs it); elsewhere these tests skip with the reason."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -32,29 +34,80 @@ def block(code: str) -> str:
     return f"<think>...</think>\n```python\n{code}\n```"
 
 
-def score(completion: str) -> float:
-    return PassesTests()(humaneval_prompt(ROW, "humaneval"), ModelResponse(input="", text=[completion]))
+# The same problem with an input/output test in evalplus's shape (judged in the scorer)
+IO_ROW = {**ROW, "test": "import numpy as np\n\ndef assertion(out, exp, atol):\n    assert out == exp\n\n"
+                         "def check(candidate):\n    inputs = [[2, 3], [-1, 1]]\n    results = [5, 0]\n"
+                         "    for i, (inp, exp) in enumerate(zip(inputs, results)):\n"
+                         "        assertion(candidate(*inp), exp, 0)\n"}
+
+
+def score(completion: str, row: dict = ROW) -> float:
+    return PassesTests()(humaneval_prompt(row, "humaneval"), ModelResponse(input="", text=[completion]))
 
 
 def wrong_then(tail: str) -> str:
     return block(f"import os, sys, atexit\ndef add(a, b):\n    return a - b\n{tail}")
 
 
-@pytest.mark.parametrize("name,completion", [
-    ("exit under __main__", wrong_then("if __name__ == '__main__':\n    exit()")),
-    ("os._exit(0)", wrong_then("os._exit(0)")),
-    ("atexit hook exits 0", wrong_then("atexit.register(lambda: os._exit(0))")),
-    ("excepthook exits 0", wrong_then("sys.excepthook = lambda *a: os._exit(0)")),
-    ("SystemExit(0) after a wrong answer", wrong_then("raise SystemExit(0)")),
-    ("fork, then the parent exits 0", wrong_then("if os.fork():\n    os._exit(0)")),
-])
-def test_early_exits_do_not_pass(name, completion):
-    assert score(completion) == 0.0, name
+def right_then(tail: str) -> str:
+    return block(f"import os, sys, atexit\n{tail}\ndef add(a, b):\n    return a + b\n")
 
 
-def test_right_and_wrong_answers_score_as_they_deserve():
-    assert score(RIGHT) == 1.0 and score(WRONG) == 0.0
-    assert score(block("def add(a, b):\n    return a + b")) == 1.0
+NONCE_LIKE = "0123456789abcdef0123456789abcdef"
+ATTACKS = {
+    "prints pass-signal-like lines, then os._exit(0)":
+        f"os.write(1, b'\\n{NONCE_LIKE}\\n'); print('{NONCE_LIKE}'); os._exit(0)",
+    "prints a reply-like line": "print('{\"v\": 5}'); print('{\"verdict\": \"pass\"}')",
+    "exit under __main__": "if __name__ == '__main__':\n    exit()",
+    "SystemExit(0) in the call": "def add(a, b):\n    raise SystemExit(0)",
+    "atexit hook exits 0": "atexit.register(lambda: os._exit(0))",
+    "excepthook exits 0": "sys.excepthook = lambda *a: os._exit(0)",
+    "fork, then the parent exits 0": "if os.fork():\n    os._exit(0)",
+    "an object equal to everything": "class Any:\n    def __eq__(self, other): return True\n"
+                                     "    def __ne__(self, other): return False\n"
+                                     "def add(a, b):\n    return Any()",
+    "an int subclass equal to everything": "class I(int):\n    def __eq__(self, other): return True\n"
+                                           "def add(a, b):\n    return I(0)",
+    "reads the expected value from the caller's frames":
+        "def add(a, b):\n    f = sys._getframe(1)\n    while f:\n        for k in ('exp', 'expected', 'results'):\n"
+        "            if k in f.f_locals: return f.f_locals[k]\n        f = f.f_back\n    return -1",
+    "a fake numpy in sys.modules": "import types\nfake = types.ModuleType('numpy')\nfake.testing = fake\n"
+                                   "fake.assert_allclose = lambda *a, **k: None\nsys.modules['numpy'] = fake",
+    "patches builtins and AssertionError": "import builtins\nbuiltins.AssertionError = type('E', (Exception,), {})\n"
+                                           "builtins.isinstance = lambda *a: True\nbuiltins.abs = lambda x: 0",
+    "redefines the entry point after import": "def add(a, b):\n    return a - b\n_real = add\nadd = _real",
+    "writes to every inherited descriptor": "for fd in range(0, 64):\n    try:\n"
+                                            "        os.write(fd, b'{\"v\": 5}\\n{\"verdict\": \"pass\"}\\n')\n"
+                                            "    except OSError:\n        pass",
+    "scans globals for a secret": "import re\nfor v in list(globals().values()):\n"
+                                  "    if isinstance(v, str) and re.fullmatch('[0-9a-f]{32}', v):\n"
+                                  "        os.write(1, ('\\n' + v + '\\n').encode())\nos._exit(0)",
+}
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+@pytest.mark.parametrize("row", [ROW, IO_ROW], ids=["assert-test", "io-test"])
+def test_a_wrong_answer_cannot_score_itself(name, row):
+    """Each attack inside a wrong answer scores 0, inside a right answer 1 where the attack leaves
+    the function's values intact (the scorer judges values, whatever else the program does)."""
+    assert score(wrong_then(ATTACKS[name]), row) == 0.0, name
+
+
+@pytest.mark.parametrize("name", ["prints a reply-like line", "a fake numpy in sys.modules",
+                                  "atexit hook exits 0",
+                                  "excepthook exits 0"])
+@pytest.mark.parametrize("row", [ROW, IO_ROW], ids=["assert-test", "io-test"])
+def test_a_right_answer_still_passes_beside_the_noise(name, row):
+    """(A program that breaks its own interpreter, e.g. builtins.isinstance, or writes into its
+    reply channel breaks the server that reports its values: that only ever costs its own pass.)"""
+    assert score(right_then(ATTACKS[name]), row) == 1.0, name
+
+
+@pytest.mark.parametrize("row", [ROW, IO_ROW], ids=["assert-test", "io-test"])
+def test_right_and_wrong_answers_score_as_they_deserve(row):
+    assert score(RIGHT, row) == 1.0 and score(WRONG, row) == 0.0
+    assert score(block("def add(a, b):\n    return a + b"), row) == 1.0
+    assert score(block("import numpy as np\ndef add(a, b):\n    return int(np.add(a, b))"), row) == 1.0
 
 
 def test_long_and_noisy_correct_solutions_pass(monkeypatch):
@@ -181,8 +234,95 @@ def test_endless_loop_times_out(monkeypatch):
 
 
 def test_refuses_without_bubblewrap_unless_opted_in(monkeypatch):
-    monkeypatch.setattr(sandbox, "available", lambda: False)
+    monkeypatch.setattr(sandbox, "BWRAP_PATHS", ("/nonexistent/bwrap",))
     with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap.*unsafe_no_sandbox: true"):
         score(RIGHT)
     unsafe = PassesTests(unsafe_no_sandbox=True)
     assert unsafe(humaneval_prompt(ROW, "humaneval"), ModelResponse(input="", text=[RIGHT])) == 1.0
+
+
+def test_nothing_of_the_scorers_environment_is_readable_inside(monkeypatch):
+    """bwrap runs as PID 1 of the namespace: its environment, /proc/1/environ, is readable inside,
+    so bwrap itself must start with nothing of ours."""
+    monkeypatch.setenv("MELT_TEST_SECRET", "TOPSECRET-ENV")
+    probe = """
+import os
+seen = {}
+for pid in [p for p in os.listdir('/proc') if p.isdigit()]:
+    try:
+        seen[pid] = open(f'/proc/{pid}/environ', 'rb').read()
+    except OSError as err:
+        seen[pid] = type(err).__name__.encode()
+print(seen)
+"""
+    out = sandbox.run_untrusted(probe).output.decode()
+    assert "b'PATH=/usr/bin:/bin" in out  # /proc/1/environ was read: it holds bwrap's three fixed variables
+    assert "TOPSECRET" not in out and "MELT_TEST_SECRET" not in out and "PYTEST" not in out, out
+
+
+def test_a_bwrap_that_cannot_start_raises_and_is_never_scored(monkeypatch):
+    """As on clusters that block user namespaces: the task fails when built, and a scoring call
+    raises instead of reading bwrap's failure as the program's."""
+    folder = tempfile.mkdtemp()  # readable by nobody, whom the sandbox runs as under root
+    os.chmod(folder, 0o755)
+    fake = __import__("pathlib").Path(folder) / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sandbox, "BWRAP_PATHS", (str(fake),))
+    try:
+        with pytest.raises(sandbox.SandboxError, match="could not start the sandbox.*No permissions.*namespace"):
+            sandbox.self_test()
+        with pytest.raises(sandbox.SandboxError, match="could not start"):
+            score(RIGHT)
+        with pytest.raises(sandbox.SandboxError, match="could not start"):
+            score(RIGHT, IO_ROW)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_self_test_passes_on_a_working_sandbox():
+    sandbox.self_test()
+
+
+def _host_state() -> tuple[set, set]:
+    tmp = {p.name for p in __import__("pathlib").Path(tempfile.gettempdir()).glob("melt-sandbox-*")}
+    procs = set(subprocess.run(["pgrep", "-f", "harness.py|program.py"], capture_output=True, text=True).stdout.split())
+    return tmp, procs
+
+
+@pytest.mark.parametrize("name,bomb", [
+    ("fork bomb", "while True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+    ("memory bomb", "blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 26))"),
+    ("disk fill", "i = 0\nfor d in ('/tmp', '/work', '/', '/sandbox'):\n    try:\n        while True:\n"
+                  "            open(f'{d}/fill{i}', 'wb').write(b'x' * (1 << 24))\n            i += 1\n"
+                  "    except OSError:\n        pass"),
+])
+def test_bombs_fail_and_leave_the_host_as_it_was(name, bomb, monkeypatch):
+    monkeypatch.setattr(code_tasks, "TIMEOUT_S", 5.0)
+    before = _host_state()
+    assert score(wrong_then(bomb)) == 0.0, name
+    assert score(wrong_then(bomb), IO_ROW) == 0.0, name
+    time.sleep(0.3)
+    assert _host_state() == before  # no sandbox folder, no process of ours left behind
+
+
+def test_writable_space_inside_is_bounded():
+    """/tmp and /work take at most tmp_bytes where bwrap can size them, are charged to the cgroup
+    where there is one, and do not exist as writable space otherwise; the root is read-only."""
+    probe = """
+import os
+for d in ('/tmp', '/work', '/'):
+    n = 0
+    try:
+        with open(os.path.join(d, 'fill'), 'wb') as f:
+            while n < (256 << 20):
+                f.write(b'x' * (1 << 20)); f.flush(); n += 1 << 20
+    except OSError:
+        pass
+    print(d, n)
+"""
+    limits = sandbox.Limits(memory_bytes=1 << 30, file_bytes=1 << 30, tmp_bytes=32 << 20)
+    written = dict(line.split() for line in sandbox.run_untrusted(probe, limits=limits).output.decode().splitlines())
+    assert int(written["/"]) == 0
+    for d in ("/tmp", "/work"):
+        assert int(written[d]) <= (limits.memory_bytes if sandbox.cgroup_in_use() else limits.tmp_bytes), written
