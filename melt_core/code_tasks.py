@@ -143,6 +143,46 @@ def parse_tests(test: str, prompt: str) -> TestPlan:
     return script
 
 
+# evalplus's `assertion` helper as its hub rows carry it (tools/humaneval/to_original_fmt.py)
+EVALPLUS_ASSERTION = """import numpy as np
+
+def is_floats(x) -> bool:
+    # check if it is float; List[float]; Tuple[float]
+    if isinstance(x, float):
+        return True
+    if isinstance(x, (list, tuple)):
+        return all(isinstance(i, float) for i in x)
+    if isinstance(x, np.ndarray):
+        return x.dtype == np.float64 or x.dtype == np.float32
+    return False
+
+
+def assertion(out, exp, atol):
+    exact_match = out == exp
+
+    if atol == 0 and is_floats(exp):
+        atol = 1e-6
+    if not exact_match and atol != 0:
+        np.testing.assert_allclose(out, exp, atol=atol)
+    else:
+        assert exact_match
+"""
+
+
+def evalplus_test(inputs: list, results: list, atol: float = 0, imports: str = "", aux_fn: str = EVALPLUS_ASSERTION,
+                  assertion: str | None = None) -> str:
+    """A ``test`` field in the shape evalplus/humanevalplus rows have (input/output lists)."""
+    assertion = assertion or f"assertion(candidate(*inp), exp, {atol})"
+    return (f"{imports}\n\n{aux_fn}\n\ndef check(candidate):\n    inputs = {inputs}\n    results = {results}\n"
+            f"    for i, (inp, exp) in enumerate(zip(inputs, results)):\n        {assertion}\n")
+
+
+def evalplus_crosscheck(inputs: list, ref_func: str, atol: float = 0) -> str:
+    """A ``test`` field of evalplus's cross-check shape (outputs too large to store: a reference)."""
+    return (f"{EVALPLUS_ASSERTION}\n\n{ref_func}\n\ndef check(candidate):\n    inputs = {inputs}\n"
+            f"    for i, inp in enumerate(inputs):\n        assertion(candidate(*inp), ref_func(*inp), {atol})\n")
+
+
 # ----------------------------------------------------------------------------- judging, in the scorer
 def is_floats(x) -> bool:
     """evalplus's: a float, or a list/tuple of floats only (its numpy branch: arrays never arrive)."""

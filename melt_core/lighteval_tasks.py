@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import hashlib
 import importlib
 import json
 import os
 import random
+import re
 import types
 from pathlib import Path
 
@@ -59,6 +61,71 @@ class AnswerMatch:
     def __call__(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
         gold = extract_answer(doc.get_golds()[0], self.style)
         return float(extract_answer(model_response.text[0], self.style) == gold)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None
+
+
+_ANSWER_LINE = re.compile(r"^[ \t*]*(?:final[ \t]+)?answer[ \t*]*[:\uff1a][ \t]*(.+?)[ \t]*$",
+                          re.IGNORECASE | re.MULTILINE)
+_FINAL_IS = re.compile(r"final answer is[ \t:]*(.+?)[ \t]*$", re.IGNORECASE | re.MULTILINE)
+
+
+def final_answer(text: str) -> str | None:
+    """The answer a completion (or a worked solution) ends on, after any reasoning: its last
+    ``\\boxed{}``, else its last ``ANSWER: ...`` line (MATH-500's and HLE's prompts ask for one),
+    else its last ``... final answer is ...`` (OlympiadBench's)."""
+    text = text.split("</think>")[-1]
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    for pattern in (_ANSWER_LINE, _FINAL_IS):
+        found = pattern.findall(text)
+        if found:
+            return found[-1].strip().rstrip(".").strip().strip("$").strip()
+    return None
+
+
+def _plain(answer: str) -> str:
+    return re.sub(r"\s+", "", answer.strip().strip("$").rstrip(".")).lower()
+
+
+class FinalAnswerMatch:
+    """1.0 when the completion's final answer (``final_answer``) equals the gold's: the same text
+    once spaces, ``$`` and case are set aside, or the same value by lighteval's math comparison
+    (its LaTeX/expression extraction and sympy equivalence, precision 6: ``0.5`` = ``\\frac{1}{2}``,
+    ``(3, \\frac{\\pi}{2})`` = ``\\left( 3, \\frac{\\pi}{2} \\right)``). The gold is the dataset's
+    answer, or the final answer of its worked solution (MATH-500's)."""
+
+    def __init__(self):
+        from lighteval.metrics.dynamic_metrics import MultilingualExtractiveMatchMetric
+        from lighteval.metrics.utils.extractive_match_utils import ExprExtractionConfig, LatexExtractionConfig
+        from lighteval.utils.language import Language
+
+        targets = [ExprExtractionConfig(), LatexExtractionConfig()]
+        self.math = MultilingualExtractiveMatchMetric(language=Language.ENGLISH, gold_extraction_target=targets,
+                                                      pred_extraction_target=targets, precision=6)
+
+    def compute(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
+        pred = final_answer(model_response.text[0])
+        if not pred:
+            return 0.0
+        gold = doc.get_golds()[0]
+        gold = final_answer(gold) or gold.strip().strip("$")
+        if _plain(pred) == _plain(gold):
+            return 1.0
+        boxed = Doc(query="", choices=[f"${gold}$"], gold_index=0)
+        return float(self.math.compute(boxed, ModelResponse(text=[f"${pred}$"])))
 
 
 class FullDocPassAtK(PassAtK):
@@ -184,6 +251,8 @@ def _scorer(config: LightevalTaskConfig, metric: str | None, where: str) -> Samp
     def per_sample(m) -> bool:  # one score per generated sample (not a corpus-level or judge grouping)
         return type(m) is SampleLevelMetric and m.category == SamplingMethod.GENERATIVE
 
+    if metric == "final_answer":
+        return FinalAnswerMatch()
     if metric:
         if metric not in Metrics.__members__:
             raise ConfigError(f"{where}: unknown lighteval metric {metric!r}; see lighteval.metrics.metrics.Metrics")
@@ -209,18 +278,48 @@ class RenamedColumns:
         return self.prompt_function({**line, **{dst: line[src] for src, dst in self.columns.items()}}, task_name)
 
 
-class JoinedGolds:
-    """A prompt function whose gold answers may be lists (OlympiadBench's ``final_answer`` is a list
-    of strings, and lighteval's prompt passes it on as one choice, which its string scorers cannot
-    read): a list becomes the comma-joined string the task's instruction asks the model to write."""
+def answer_text(answer) -> str:
+    """A dataset's answer as the text a scorer compares: hub datasets type answers as numbers
+    (MathArena/aime_2026 int64, math-ai/amc23 float "27.0") or lists (OlympiadBench's
+    ``final_answer``); an integral float is written as the integer, a list comma-joined."""
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, bool):
+        return str(answer)
+    if isinstance(answer, float) and answer.is_integer():
+        return str(int(answer))
+    if isinstance(answer, (int, float)):
+        return repr(answer)
+    if isinstance(answer, (list, tuple)):
+        return ", ".join(answer_text(a) for a in answer)
+    raise DataError(f"an answer of type {type(answer).__name__} ({answer!r}) cannot be scored as text")
+
+
+def row_seed(line: dict) -> int:
+    """A seed that is a function of the question alone (its id where the dataset has one)."""
+    ident = next((line[k] for k in ("Record ID", "id", "ID", "unique_id", "question_id") if k in line), None)
+    basis = str(ident) if ident is not None else json.dumps(line, sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(basis.encode()).digest()[:8], "big")
+
+
+class PurePrompt:
+    """lighteval's prompt function made a pure function of the row: golds of any type become text
+    (``answer_text``), and the module-level ``random`` it may draw from (GPQA's option order) is
+    seeded by the question (``row_seed``), so a question reads the same in any shard and any job;
+    the global random state is restored after."""
 
     def __init__(self, prompt_function):
         self.prompt_function = prompt_function
 
     def __call__(self, line: dict, task_name: str | None = None):
-        doc = self.prompt_function(line, task_name)
-        if doc is not None and any(isinstance(c, (list, tuple)) for c in doc.choices):
-            doc.choices = [", ".join(map(str, c)) if isinstance(c, (list, tuple)) else c for c in doc.choices]
+        state = random.getstate()
+        random.seed(row_seed(line))
+        try:
+            doc = self.prompt_function(line, task_name)
+        finally:
+            random.setstate(state)
+        if doc is not None:
+            doc.choices = [answer_text(c) for c in doc.choices]
         return doc
 
 
@@ -307,7 +406,7 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
     configs = []
     for base in found:
         name = spec["name"] if len(found) == 1 else f"{spec['name']}:{base.name}"
-        prompt_fn = JoinedGolds(base.prompt_function)
+        prompt_fn = PurePrompt(base.prompt_function)
         if spec.get("columns"):
             prompt_fn = RenamedColumns(prompt_fn, spec["columns"])
         repo, subset, revision = base.hf_repo, base.hf_subset, base.hf_revision
@@ -319,6 +418,10 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
                 raise DataError(f"{where}: data_dir {root} does not exist")
             # a benchmark of several subsets (MMLU-Redux's subjects) keeps one folder per subset
             local = root / base.hf_subset if base.hf_subset and (root / base.hf_subset).is_dir() else root
+            if len(found) > 1 and local == root:
+                raise DataError(f"{where}: data_dir {root} has no folder for subset {base.hf_subset!r} of "
+                                f"{spec['lighteval']!r}; a benchmark of several subsets keeps one folder per "
+                                "subset (<data_dir>/<subset>/<split>.jsonl)")
             repo, subset, revision = str(local), "default", None
         split = spec.get("split") or base.evaluation_splits[0]
         fn = _scorer(base, spec.get("metric"), where)

@@ -70,8 +70,10 @@ PLUS_CASES = [  # (task, body, score): the benchmark's own comparison, with stri
     ("HumanEval/2", "    return number % 1.0 + 5e-7\n", 1.0),  # within atol 1e-6
     ("HumanEval/2", "    return number % 1.0 + 5e-6\n", 0.0),
     ("HumanEval/2", "    import numpy as np\n    return np.float64(number) % 1.0\n", 1.0),  # numpy scalars
-    ("HumanEval/4", "    import numpy as np\n    m = np.mean(numbers)\n    return float(np.mean(np.abs(np.array(numbers) - m)))\n", 1.0),
-    ("HumanEval/0", "    return int(any(abs(a - b) < threshold for i, a in enumerate(numbers) for b in numbers[i + 1:]))\n",
+    ("HumanEval/4", "    import numpy as np\n    m = np.mean(numbers)\n"
+                    "    return float(np.mean(np.abs(np.array(numbers) - m)))\n", 1.0),
+    ("HumanEval/0", "    return int(any(abs(a - b) < threshold\n"
+                    "                   for i, a in enumerate(numbers) for b in numbers[i + 1:]))\n",
      0.0),  # 1/0 for True/False: bools are strict
     ("HumanEval/8", "    import math\n    return [sum(numbers), math.prod(numbers)]\n", 0.0),  # a list, not a tuple
     ("HumanEval/8", "    import math\n    return (sum(numbers), math.prod(numbers))\n", 1.0),
@@ -80,8 +82,9 @@ PLUS_CASES = [  # (task, body, score): the benchmark's own comparison, with stri
     ("HumanEval/32", "    import numpy as np\n    r = np.roots(xs[::-1])\n    return float(r[np.isreal(r)][0].real)\n",
      1.0),  # another root-finder: judged by the property, not by equality with the reference's root
     ("HumanEval/130", "    return [1, 3, 2.0, 8.0][: n + 1] if n < 4 else [0]\n", 0.0),
-    ("HumanEval/130", "    out = [1, 3]\n    for i in range(2, n + 1):\n        out.append(1 + i / 2 if i % 2 == 0 else "
-                      "out[-1] + out[-2] + 1 + (i + 1) / 2)\n    return out[: n + 1]\n", 1.0),  # another solution, 10^5 terms
+    ("HumanEval/130", "    out = [1, 3]\n    for i in range(2, n + 1):\n"
+                      "        out.append(1 + i / 2 if i % 2 == 0 else out[-1] + out[-2] + 1 + (i + 1) / 2)\n"
+                      "    return out[: n + 1]\n", 1.0),  # another solution, 10^5 terms
 ]
 
 

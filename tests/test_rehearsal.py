@@ -79,3 +79,32 @@ def test_compute_jobs_are_offline_and_downloads_are_not():
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
         assert r.stdout.strip() == offline, (rule, r.stdout, r.stderr[-500:])
+
+
+def _schema(rows: list[dict]) -> dict[str, set[str]]:
+    """Each column and the JSON types its values take."""
+    out: dict[str, set[str]] = {}
+    for row in rows:
+        for k, v in row.items():
+            out.setdefault(k, set()).add(type(v).__name__)
+    return out
+
+
+def test_benchmark_copies_have_the_real_datasets_columns_and_types():
+    """The rehearsal's benchmark copies read like the hub datasets (tests/fixtures/benchmarks): the
+    same columns with values of the same types (AIME26's int answers, AMC23's floats, GPQA's 47
+    columns, OlympiadBench's lists), and HumanEval+ tests of evalplus's input/output shape."""
+    import json
+
+    from melt_core.code_tasks import parse_tests
+
+    fixtures = ROOT / "tests" / "fixtures" / "benchmarks"
+    copies = rehearsal.benchmark_datasets()
+    for task, files in copies.items():
+        real_dir = fixtures / ("humanevalplus" if task == "humaneval" else task)
+        real_rows = [json.loads(line) for path in sorted(real_dir.rglob("*.jsonl"))
+                     for line in path.read_text().splitlines()]
+        copy_rows = [row for rows in files.values() for row in rows]
+        assert _schema(copy_rows) == _schema(real_rows), task
+    for row in copies["humaneval"]["test.jsonl"]:
+        assert parse_tests(row["test"], row["prompt"]).kind == "io" and "import numpy as np" in row["test"]

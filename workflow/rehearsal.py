@@ -73,8 +73,25 @@ def sft_datasets(seed: int = 0) -> dict[str, list[dict]]:
     return {"AceReason-1.1-SFT": ace, "OpenThoughts3-1.2M": ot}
 
 
+# GPQA's columns besides the question and its answers, with values of their types (Idavidrein/gpqa)
+GPQA_OTHER_COLUMNS = {
+    "Pre-Revision Explanation": "", "Self-reported question-writing time (minutes)": 20.0, "Explanation": "",
+    "Revision Comments (from Question Writer)": "", "Subdomain": "", "Writer's Difficulty Estimate": "",
+    "Extra Revised Question": None, "Extra Revised Explanation": None, "Extra Revised Correct Answer": None,
+    "Extra Revised Incorrect Answer 1": None, "Extra Revised Incorrect Answer 2": None,
+    "Extra Revised Incorrect Answer 3": None, "Non-Expert Validator Accuracy": 0.5,
+    "Majority Non-Expert Vals Incorrect": 1.0, "Expert Validator Accuracy": 1.0, "High-level domain": "",
+    "Question Writer": "", "Feedback_EV_1": "", "Validator Revision Suggestion_EV_1": "",
+    "Is First Validation_EV_1": True, "Post hoc agreement_EV_1": "", "Sufficient Expertise?_EV_1": "",
+    "Understand the question?_EV_1": "", "Question Difficulty_EV_1": "", "Validator Answered Correctly_EV_1": 1,
+    "Self-reported time (minutes)_EV_1": 10.0, "Probability Correct_EV_1": "", "Manual Correctness Check_EV_1": "",
+    "Canary String": ""}
+
+
 def benchmark_datasets(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
     """task -> {relative file: rows}, each file ``[<subset>/]<split>.jsonl`` in the hub columns."""
+    from melt_core.code_tasks import evalplus_test
+
     rng = random.Random(seed + 1)
 
     def qa(n):
@@ -85,25 +102,35 @@ def benchmark_datasets(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
         return out
 
     sets: dict[str, dict[str, list[dict]]] = {}
-    for name in ("aime24", "aime25", "aime26"):
-        sets[name] = {"train.jsonl": [{"id": i, "problem": q, "answer": a, "solution": f"{q} = {a}"}
+    # each dataset's own columns and types (tests/test_rehearsal.py compares them with the rows in
+    # tests/fixtures/benchmarks): AIME26's answers are int64, AMC23's float64, OlympiadBench's lists
+    sets["aime24"] = {"train.jsonl": [{"id": i, "problem": q, "solution": f"{q} = $\\boxed{{{a}}}$", "answer": a,
+                                       "url": "", "year": "2024"} for i, (q, a) in enumerate(qa(3))]}
+    sets["aime25"] = {"train.jsonl": [{"id": i, "problem": q, "answer": a, "url": "", "year": 2025}
                                       for i, (q, a) in enumerate(qa(3))]}
-    sets["amc23"] = {"test.jsonl": [{"id": i, "question": q, "answer": a, "url": ""} for i, (q, a) in enumerate(qa(3))]}
+    sets["aime26"] = {"train.jsonl": [{"problem_idx": i + 1, "problem": q, "answer": int(a)}
+                                      for i, (q, a) in enumerate(qa(3))]}
+    sets["amc23"] = {"test.jsonl": [{"id": i, "question": q, "answer": float(a), "url": ""}
+                                    for i, (q, a) in enumerate(qa(3))]}
     sets["math500"] = {"test.jsonl": [{"problem": q, "solution": f"$\\boxed{{{a}}}$", "answer": a,
                                        "subject": "Algebra", "level": 1, "unique_id": f"test/{i}.json"}
                                       for i, (q, a) in enumerate(qa(3))]}
     sets["olympiadbench"] = {"train.jsonl": [
         {"id": i, "question": q, "solution": [f"{q} = {a}"], "final_answer": [f"${a}$"], "context": None,
-         "image_1": None, "modality": "Text-only", "difficulty": "Competition", "is_multiple_answer": False,
-         "unit": None, "answer_type": "Numerical", "error": None, "question_type": "Open-ended",
-         "subfield": "Algebra", "subject": "Math", "language": "English"} for i, (q, a) in enumerate(qa(3))]}
+         **{f"image_{k}": None for k in range(1, 6)}, "modality": "Text-only", "difficulty": "Competition",
+         "is_multiple_answer": False, "unit": None, "answer_type": "Numerical", "error": None,
+         "question_type": "Open-ended", "subfield": "Algebra", "subject": "Math", "language": "English"}
+        for i, (q, a) in enumerate(qa(3))]}
     sets["gpqa"] = {"train.jsonl": [
-        {"Record ID": f"rec{i}", "Question": q, "Correct Answer": a, "Incorrect Answer 1": str(int(a) + 1),
-         "Incorrect Answer 2": str(int(a) + 2), "Incorrect Answer 3": str(int(a) - 1)}
+        {**GPQA_OTHER_COLUMNS, "Pre-Revision Question": q, "Question": q, "Record ID": f"rec{i}",
+         **{f"{pre}{name}": value for pre in ("", "Pre-Revision ")
+            for name, value in (("Correct Answer", a), ("Incorrect Answer 1", str(int(a) + 1)),
+                                ("Incorrect Answer 2", str(int(a) + 2)), ("Incorrect Answer 3", str(int(a) - 1)))}}
         for i, (q, a) in enumerate(qa(3))]}
     sets["hle"] = {"test.jsonl": [
-        {"id": f"hle{i}", "question": q, "image": "" if i < 4 else "data:image/png;base64,AAAA", "answer": a,
-         "answer_type": "exactMatch", "category": "Math"} for i, (q, a) in enumerate(qa(5))]}
+        {"id": f"hle{i}", "question": q, "image": "" if i < 4 else "data:image/png;base64,AAAA", "image_preview": None,
+         "answer": a, "answer_type": "exactMatch", "author_name": "", "rationale": "", "rationale_image": None,
+         "raw_subject": "Mathematics", "category": "Math", "canary": ""} for i, (q, a) in enumerate(qa(5))]}
     from lighteval.tasks.tasks.mmlu_redux import _MMLU_REDUX_2_SUBSETS as subjects
 
     assert len(subjects) == MMLU_SUBJECTS, len(subjects)
@@ -114,10 +141,10 @@ def benchmark_datasets(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
         sets["mmlu_redux"][f"{subject}/test.jsonl"] = [
             {"question": q, "choices": choices, "answer": 0, "error_type": "ok", "source": "rehearsal",
              "correct_answer": None, "potential_reason": None}]
-    sets["humaneval"] = {"test.jsonl": [
+    sets["humaneval"] = {"test.jsonl": [  # evalplus's test shape: input/output lists, its numpy assertion
         {"task_id": f"HumanEval/{i}", "prompt": f"def add_{i}(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
          "canonical_solution": "    return a + b\n", "entry_point": f"add_{i}",
-         "test": f"def check(candidate):\n    assert candidate(2, {i}) == {2 + i}\n"} for i in range(2)]}
+         "test": evalplus_test([[2, i], [0.5, 0.25]], [2 + i, 0.75])} for i in range(2)]}
     return sets
 
 
