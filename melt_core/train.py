@@ -419,6 +419,9 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
         raise ConfigError(f"train config field `batch_size`: {cfg.batch_size} is not divisible by "
                           f"the {d.world} data-parallel ranks")
     per_rank = cfg.batch_size // d.world
+    sharded = cfg.sharding if d.world > 1 else "none"
+    if d.main:
+        stamp(f"{cfg.run_name}: world size {d.world}, sharding {sharded}")
     micro = cfg.micro_batch_size or per_rank
     if per_rank % micro:
         raise ConfigError(f"train config field `micro_batch_size`: {micro} does not divide the "
@@ -469,7 +472,7 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
     if d.main:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        logger.log_params({**cfg.to_dict(), "resumed_from_step": start})
+        logger.log_params({**cfg.to_dict(), "resumed_from_step": start, "world_size": d.world, "sharded": sharded})
     metrics_path = out_dir / "metrics.jsonl"
     if d.main:  # rows of this run up to where it starts: none when fresh, a resume's rows kept, not doubled
         kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= start] \

@@ -97,11 +97,15 @@ def start_ranks(cfg: dict, cfg_file: Path, world: int = 2, env: dict | None = No
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world)]
 
 
-def run_ranks(cfg: dict, cfg_file: Path, world: int = 2) -> Path:
+def run_ranks(cfg: dict, cfg_file: Path, world: int = 2, said: str | None = None) -> Path:
+    """Runs the ranks to the end; ``said``: a line rank 0 must have printed."""
     procs = start_ranks(cfg, cfg_file, world)
+    outs = []
     for p in procs:
         out, _ = p.communicate(timeout=300)
         assert p.returncode == 0, out
+        outs.append(out)
+    assert said is None or said in outs[0], (said, outs[0][-2000:])
     return Path(cfg["out_dir"]) / "final"
 
 
@@ -117,8 +121,10 @@ def test_fsdp_equals_ddp_equals_one_process(setup, tmp_path):
     (a gather of the shards) mid-run, ends where 2-rank DDP and the single process end, within
     the tolerance of assert_same_weights (reduction order differs: reduce-scatter vs all-reduce)."""
     one = train(cfg_for(setup, "fsdp_ref", checkpoint_every=2))
-    ddp = run_ranks(cfg_for(setup, "ddp2", checkpoint_every=2), tmp_path / "ddp.json")
-    fsdp = run_ranks(cfg_for(setup, "fsdp2", checkpoint_every=2, sharding="fsdp"), tmp_path / "fsdp.json")
+    ddp = run_ranks(cfg_for(setup, "ddp2", checkpoint_every=2), tmp_path / "ddp.json",
+                    said="world size 2, sharding ddp")
+    fsdp = run_ranks(cfg_for(setup, "fsdp2", checkpoint_every=2, sharding="fsdp"), tmp_path / "fsdp.json",
+                     said="world size 2, sharding fsdp")
     ref = weights(one)
     assert_same_weights(ref, weights(ddp))
     assert_same_weights(ref, weights(fsdp))
@@ -145,7 +151,7 @@ def test_fsdp_run_killed_midway_resumes(setup, tmp_path):
         p.kill()
         p.wait()
     assert ck4.exists() and not (setup[0] / "fsdp_killed" / "final").exists(), "the kill came too late"
-    resumed = run_ranks(cfg, tmp_path / "resume.json")
+    resumed = run_ranks(cfg, tmp_path / "resume.json", said="resuming from step 4")
     assert read_metrics(setup[0] / "fsdp_killed")[-1]["step"] == 8
     a, b = weights(ref), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, snakemake.scriptdir)
+# Snakemake runs a copy of this file from .snakemake/scripts; tests import it from here
+sys.path.insert(0, snakemake.scriptdir if "snakemake" in globals() else str(Path(__file__).resolve().parent))
 from common import rule_context
 from report_common import Results
 from verdicts import FAILS, HOLDS, NA, all_of, beats, near
 
 from melt_core.config import ModelConfig
-
-sm = snakemake
 
 
 def pct(v):
@@ -24,6 +23,7 @@ def pct(v):
 
 
 EXIT_MARGIN, EXIT_BUDGET = 5.0, 0.75  # points of accuracy given up; share of the loops kept
+TRAIN_SLOWDOWN, TRAIN_SLOWDOWN_FACTOR = 0.105, 2.0  # the paper's chunk-wise/parallel ratio; "~" as a factor
 
 
 def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
@@ -37,6 +37,11 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
     def scores(row):
         return json.loads(row.per_question)
 
+    # The claim holds if any rule of the sweep holds: corrected for the number of rules tried
+    # (Bonferroni, which for "at least one holds" decides exactly as Holm), each judged on a
+    # 1 - 0.05 / tries interval; the tries are MELT's rules under the budget, every exit gate.
+    tries = int(((df.loop_fraction <= EXIT_BUDGET) & df.model.str.startswith("melt-")).sum()) or 1
+    level = 1 - 0.05 / tries
     found = {}
     for (model, variant), g in df.groupby(["model", "variant"], sort=True):
         full = g[g.rule == "all loops"]
@@ -45,7 +50,7 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
         full = full.iloc[0]
         judged = []
         for row in g[g.loop_fraction <= EXIT_BUDGET].itertuples():
-            verdict, ci = near(scores(row), scores(full), EXIT_MARGIN, scores(full))
+            verdict, ci = near(scores(row), scores(full), EXIT_MARGIN, scores(full), level=level)
             judged.append((verdict, row, ci))
         holding = sorted((j for j in judged if j[0] == HOLDS), key=lambda j: j[1].mean_loops)
         best = holding[0] if holding else max(judged, key=lambda j: j[1].accuracy, default=None)
@@ -71,7 +76,25 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
     evidence = "; ".join(said(*k) for k in melt + [k for k in found if k not in melt])
     return [(f"Beyond the paper (its future work): real early exit lets MELT stop tokens early, within "
              f"{EXIT_MARGIN:.0f} pts of its every-loop accuracy at <= {EXIT_BUDGET:.0%} of its loops "
-             "(the cheapest such rule of the sweep)", evidence, verdict)]
+             f"(the cheapest such rule of the sweep; {tries} rules tried, each judged on a {100 * level:.4g}% "
+             "interval)", evidence, verdict)]
+
+
+def train_speed_claim(train_throughput) -> list[tuple[str, str, str]]:
+    """v3 Table 11's chunk-wise/parallel training throughput, 0.105x: "~10x slower" holds when the
+    slowest MELT run is within a factor TRAIN_SLOWDOWN_FACTOR of it either way."""
+    tt = train_throughput.set_index("model")
+    melt_rows = tt[tt.index.str.startswith("melt-")]
+    if not len(melt_rows):
+        return []
+    worst = melt_rows.ratio_to_ouro.min()
+    lo, hi = TRAIN_SLOWDOWN / TRAIN_SLOWDOWN_FACTOR, TRAIN_SLOWDOWN * TRAIN_SLOWDOWN_FACTOR
+    return [(f"Chunk-wise training is ~10x slower than parallel Ouro distillation (v3 Table 11: "
+             f"{TRAIN_SLOWDOWN}x; judged: the slowest MELT run within [{lo:.3f}, {hi:.3f}]x)",
+             ", ".join(f"{m} {v:.2f}x" for m, v in melt_rows.ratio_to_ouro.items()),
+             HOLDS if lo <= worst <= hi else
+             FAILS + (" (our chunk-wise step is faster relative to Ouro)" if worst > hi else
+                      " (our chunk-wise step is slower still relative to Ouro)"))]
 
 
 def claims(r: Results) -> list[tuple[str, str, str]]:
@@ -162,13 +185,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
         out.append(("MELT decodes slower than Ouro at batch 1 (v3 Table 10: 8.5 vs 13.5 tok/s, 0.63x)",
                     f"{where}, this CPU: MELT {melt_s:.2f} vs Ouro {ouro_s:.2f} tok/s, {melt_s / ouro_s:.2f}x",
                     HOLDS if melt_s < ouro_s else FAILS + " (our decode path is closer to Ouro's speed)"))
-    tt = r.train_throughput.set_index("model")
-    melt_rows = tt[tt.index.str.startswith("melt-")]
-    if len(melt_rows):
-        worst = melt_rows.ratio_to_ouro.min()
-        out.append(("Chunk-wise training is ~10x slower than parallel Ouro distillation (v3 Table 11: 0.105x)",
-                    ", ".join(f"{m} {v:.2f}x" for m, v in melt_rows.ratio_to_ouro.items()),
-                    HOLDS if worst < 0.5 else FAILS + " (our chunk-wise step is faster relative to Ouro)"))
+    out += train_speed_claim(r.train_throughput)
     for variant in r.main_variants("prefill-"):  # our choice of prefill (eval.compare_prefill)
         mode = variant.partition("@prefill-")[2]
         chunked, exact = (variant, r.main_model) if mode != "exact" else (r.main_model, variant)
@@ -191,17 +208,20 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     return out
 
 
-with rule_context(sm, "report") as log:
-    results = Results(sm.params.settings, sm.input.paper)
-    rows = claims(results)
-    lines = [f"# Paper claims checked against our runs ({sm.params.settings['name']})", "",
-             f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
-             "",
-             f"Accuracies are means over the training seeds {results.seeds}; every interval is a 95% bootstrap "
-             "interval over seeds and questions (questions paired between the models compared).",
-             "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
-    lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
-    Path(sm.output[0]).write_text("\n".join(lines) + "\n")
-    for path in list(sm.input.tables) + list(sm.input.figures) + [sm.output[0]]:
-        log.log_artifact(path)
-    print("\n".join(lines))
+if "snakemake" in globals():  # run by the rule (tests import the functions above)
+    sm = snakemake
+    with rule_context(sm, "report") as log:
+        results = Results(sm.params.settings, sm.input.paper)
+        rows = claims(results)
+        lines = [f"# Paper claims checked against our runs ({sm.params.settings['name']})", "",
+                 f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
+                 "",
+                 f"Accuracies are means over the training seeds {results.seeds}; every interval is a 95% "
+                 "bootstrap interval (unless a claim names another level) over seeds and questions "
+                 "(questions paired between the models compared).",
+                 "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
+        lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
+        Path(sm.output[0]).write_text("\n".join(lines) + "\n")
+        for path in list(sm.input.tables) + list(sm.input.figures) + [sm.output[0]]:
+            log.log_artifact(path)
+        print("\n".join(lines))

@@ -62,8 +62,8 @@ def _gate(reference, floor: float) -> str | None:
     return None
 
 
-def fmt(mean: float, lo: float, hi: float) -> str:
-    return f"{mean:+.1f} pts [95% CI {lo:+.1f}, {hi:+.1f}]"
+def fmt(mean: float, lo: float, hi: float, level: float = 0.95) -> str:
+    return f"{mean:+.1f} pts [{100 * level:.4g}% CI {lo:+.1f}, {hi:+.1f}]"
 
 
 def beats(a, b, reference, floor: float = FLOOR) -> tuple[str, str]:
@@ -77,15 +77,16 @@ def beats(a, b, reference, floor: float = FLOOR) -> tuple[str, str]:
     return (HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE), fmt(mean, lo, hi)
 
 
-def near(a, b, margin: float, reference, floor: float = FLOOR) -> tuple[str, str]:
-    """Claim: model a stays within ``margin`` points below model b (a >= b - margin)."""
+def near(a, b, margin: float, reference, floor: float = FLOOR, level: float = 0.95) -> tuple[str, str]:
+    """Claim: model a stays within ``margin`` points below model b (a >= b - margin), judged on a
+    ``level`` interval (raise it to correct for a claim chosen among several tries)."""
     if a is None or b is None:
         return f"{NA} (missing results)", ""
     na = _gate(reference, floor)
-    mean, lo, hi = paired_interval(b, a)  # the gap b - a
+    mean, lo, hi = paired_interval(b, a, level)  # the gap b - a
     if na:
-        return na, fmt(mean, lo, hi)
-    return (HOLDS if hi <= margin else FAILS if lo > margin else INCONCLUSIVE), fmt(mean, lo, hi)
+        return na, fmt(mean, lo, hi, level)
+    return (HOLDS if hi <= margin else FAILS if lo > margin else INCONCLUSIVE), fmt(mean, lo, hi, level)
 
 
 def all_of(verdicts: list[str]) -> str:

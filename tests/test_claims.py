@@ -1,0 +1,57 @@
+"""Protects claims.md's verdicts that are not plain accuracy comparisons
+(workflow/scripts/claims.py), fed fabricated results: the "~10x slower" training claim against a
+stated margin around the paper's 0.105x, and the early-exit claim corrected for the number of rules
+the sweep tried (a rule that holds on its own 95% interval by luck of many tries must not)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
+import claims  # noqa: E402
+from verdicts import FAILS, HOLDS, INCONCLUSIVE  # noqa: E402
+
+
+@pytest.mark.parametrize("ratio,expected", [(0.105, HOLDS), (0.07, HOLDS), (0.2, HOLDS),
+                                            (0.34, FAILS), (0.03, FAILS), (1.0, FAILS)])
+def test_training_slowdown_is_judged_against_the_papers_ratio(ratio, expected):
+    tt = pd.DataFrame({"model": ["ouro", "melt-elementwise", "melt-scalar"],
+                       "ratio_to_ouro": [1.0, ratio, ratio + 0.01]})
+    (_, evidence, verdict), = claims.train_speed_claim(tt)
+    assert verdict.startswith(expected) and f"{ratio:.2f}x" in evidence
+
+
+def sweep(gap_questions: int, n_rules: int, n: int = 400) -> pd.DataFrame:
+    """MELT's every-loop run solves every question; each early-exit rule loses ``gap_questions``."""
+    full = [100.0] * n
+    rows = [{"model": "melt-elementwise", "variant": "converted", "rule": "all loops", "loop_fraction": 1.0,
+             "per_question": json.dumps(full), "accuracy": 100.0, "mean_loops": 4.0, "loops": 4, "speedup": 1.0}]
+    for k in range(n_rules):
+        scores = [0.0 if (i + 7 * k) % n < gap_questions else 100.0 for i in range(n)]
+        rows.append({"model": "melt-elementwise", "variant": "converted", "rule": f"q={k}",
+                     "loop_fraction": 0.5, "per_question": json.dumps(scores), "accuracy": sum(scores) / n,
+                     "mean_loops": 2.0, "loops": 4, "speedup": 1.8})
+    return pd.DataFrame(rows)
+
+
+class R:
+    def __init__(self, df):
+        self.early_exit = df
+
+
+def test_early_exit_holds_on_a_clear_margin_and_fails_on_a_clear_loss():
+    (_, _, verdict), = claims.early_exit_claims(R(sweep(gap_questions=4, n_rules=3)))  # 1 pt of a 5 pt margin
+    assert verdict == HOLDS
+    (_, _, verdict), = claims.early_exit_claims(R(sweep(gap_questions=60, n_rules=3)))  # 15 pts lost
+    assert verdict == FAILS
+
+
+def test_early_exit_is_corrected_for_the_rules_tried():
+    """A gap whose 95% interval just clears the margin holds for one rule tried, not among twenty."""
+    one = claims.early_exit_claims(R(sweep(gap_questions=12, n_rules=1)))[0]
+    many = claims.early_exit_claims(R(sweep(gap_questions=12, n_rules=20)))[0]
+    assert one[2] == HOLDS and "1 rules tried" in one[0]
+    assert many[2] == INCONCLUSIVE and "20 rules tried" in many[0] and "99.75% interval" in many[0]
