@@ -72,6 +72,41 @@ unfinished = sorted(name for name, status in latest.items() if status != "FINISH
 if unfinished:
     problems.append(f"MLflow runs whose last attempt did not finish: {unfinished[:5]}")
 
+# Rules meant for the cluster ran as SLURM jobs: each one's MLflow run carries the SLURM job id it ran
+# under (melt_core.tracking.make_logger). Local: the rules declared `localrules:` and rule phase,
+# which only submits its training as a submitit job (whose training run must carry an id).
+local = {"all", "phase"}
+for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
+    for block in re.findall(r"^localrules:\n((?:[ \t]+\w+,?\n)+)", smk.read_text(), re.M):
+        local |= set(re.findall(r"\w+", block))
+last_run = {}
+for r in sorted(runs, key=lambda r: r.info.start_time):
+    last_run[r.info.run_name] = r
+for name, r in sorted(last_run.items()):
+    rule, stage = r.data.tags.get("rule"), r.data.tags.get("stage")
+    if (rule and rule not in local or stage == "train") and not r.data.tags.get("slurm_job_id"):
+        problems.append(f"MLflow run {name!r} (rule {rule}, stage {stage}) ran outside SLURM: no slurm_job_id tag")
+# Training ran sharded over the ranks the launcher asks for, and changed the weights it trains
+launcher = cfg["launcher"]
+world = str(launcher["nodes"] * launcher["tasks_per_node"])
+trained = [r for r in last_run.values() if r.data.tags.get("stage") == "train"]
+if not trained:
+    problems.append("no training run in MLflow")
+for r in trained:
+    got = (r.data.params.get("world_size"), r.data.params.get("sharded"))
+    if got != (world, cfg["train"]["sharding"]):
+        problems.append(f"training run {r.info.run_name!r} ran with world size, sharding {got}, not "
+                        f"({world}, {cfg['train']['sharding']})")
+from safetensors.torch import load_file  # noqa: E402
+
+for final in sorted(out.glob("runs/seed*/*/*/final")):
+    run_cfg = yaml.safe_load((final.parent / "train_config.json").read_text())
+    start_dir = Path(run_cfg.get("init_from") or run_cfg["student"])
+    start_dir = start_dir if (start_dir / "model.safetensors").is_file() else start_dir / "final"
+    before, after = load_file(str(start_dir / "model.safetensors")), load_file(str(final / "model.safetensors"))
+    if all(before[k].equal(after[k]) for k in after if k in before):
+        problems.append(f"{final}: training left every weight where it started ({start_dir})")
+
 print(f"rehearsal: {sum(rehearsal.values())} jobs over {len(rehearsal)} rules (paper DAG: {sum(paper.values())}); "
       f"{len(runs)} MLflow runs; table1 columns {columns}")
 if problems:

@@ -3,7 +3,12 @@ memory and estimated H100-hours per job, each job's wall-clock against the clust
 
 Everything here is arithmetic on the config plus stated assumptions (``ASSUMPTIONS``): benchmark
 sizes, the mean length of a generated answer, and throughputs (the paper's own figures unless
-``profile_speed`` measured ours). Rule ``plan`` writes it to ``<outdir>/plan.md``:
+``profile_speed`` measured ours). Beside each estimate stands the time the GPU cannot beat (its
+roofline): a decode step must read every loop's weights and every cached K/V row each loop attends
+to from HBM (``decode_step_bytes``), training must do its FLOPs (``train_flops_per_token``); over
+the hardware's stated bandwidth and peak (``hbm_bytes_per_s``, ``peak_bf16_flops``), and the
+ratio estimate / limit says how far the assumed rates are from the hardware. Rule ``plan`` writes
+it to ``<outdir>/plan.md``:
 
     snakemake plan --configfile config/paper.yaml --cores 1
 """
@@ -30,6 +35,9 @@ ASSUMPTIONS = {
     # training: the paper's main run, 320M tokens in 720 H100-hours (v3, Appendix C)
     "train_tok_s_per_gpu": 320e6 / (720 * 3600),
     "gpu_memory_gb": 80.0,  # H100
+    # the hardware's limits (NVIDIA H100 SXM5 datasheet): HBM3 bandwidth and dense bf16 tensor-core peak
+    "hbm_bytes_per_s": 3.35e12,
+    "peak_bf16_flops": 989.4e12,
     "job_limit_hours": 24.0,  # profiles/slurm: the eval rule's runtime
     "shapes": {"ouro": "ouro-1.4b", "melt": "melt-1.6b", "dense": "qwen3-1.7b-shape"},
 }
@@ -45,14 +53,60 @@ class Job:
     peak_gb: float | None = None
     note: str = ""
     count: int = 1  # identical jobs (a task's shards), each ``hours`` long
+    limit_hours: float | None = None  # the roofline: wall-clock no GPU of the stated limits can beat
 
     @property
     def gpu_hours(self) -> float:
         return self.hours * self.gpus * self.count
 
+    @property
+    def limit_gpu_hours(self) -> float | None:
+        return None if self.limit_hours is None else self.limit_hours * self.gpus * self.count
+
 
 def weights_gb(cfg: ModelConfig, dtype_bytes: int = 2) -> float:
     return sum(math.prod(s) for s in expected_shapes(cfg).values()) * dtype_bytes / 1e9
+
+
+def _params(cfg: ModelConfig) -> tuple[int, int]:
+    """(parameters one loop applies: the layers, MELT's gates included; parameters applied once a
+    step: the head, i.e. lm_head (the embedding when tied) and the final norm). The embedding
+    lookup reads one row a token and the exit gate one vector a loop: left out."""
+    shapes = {k: math.prod(v) for k, v in expected_shapes(cfg).items()}
+    per_loop = sum(n for k, n in shapes.items() if ".layers." in k)
+    head = shapes.get("lm_head.weight", shapes["model.embed_tokens.weight"]) + shapes["model.norm.weight"]
+    return per_loop, head
+
+
+def kv_read_per_position(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    """Bytes of cached K/V one position costs a decode step to read: T loops x N layers x K and V.
+    Ouro's loop t reads its own rows, MELT's every loop reads the one shared row (and, with a
+    window, a loop's own rows stand in for the shared ones): the same T rows either way; MELT
+    holds 1/T of the bytes (``ModelConfig.kv_bytes``), it does not read fewer."""
+    per_loop_row = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+    return cfg.total_ut_steps * per_loop_row
+
+
+def decode_step_bytes(cfg: ModelConfig, batch: int, context: int, dtype_bytes: int = 2) -> int:
+    """HBM bytes one decode step of ``batch`` sequences at ``context`` cached positions must read:
+    each loop's weights once for the batch, the head once, every sequence's cached K/V per loop."""
+    per_loop, head = _params(cfg)
+    weights = (cfg.total_ut_steps * per_loop + head) * dtype_bytes
+    return weights + batch * context * kv_read_per_position(cfg, dtype_bytes)
+
+
+def train_flops_per_token(student: ModelConfig, teacher: ModelConfig, seq_len: int) -> float:
+    """FLOPs one trained token needs: the student's forward and backward (6 per parameter applied,
+    every loop, the head every loop for the per-loop KD), the teacher's forward (2 per parameter),
+    and causal attention (4 x heads x head_dim per key attended, on average seq_len / 2 keys;
+    x3 for the student's forward and backward, x1 for the teacher's), all T loops. A lower bound:
+    no recomputation (activation checkpointing), no optimizer."""
+    def one(cfg: ModelConfig, passes: int) -> float:
+        per_loop, head = _params(cfg)
+        attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq_len / 2
+        return cfg.total_ut_steps * (2 * passes * (per_loop + head) + passes * attention)
+
+    return one(student, 3) + one(teacher, 1)
 
 
 def _family(model: str) -> str:
@@ -68,9 +122,12 @@ def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]]
     jobs = []
     train, launcher = config["train"], config["launcher"]
     gpus = launcher.get("nodes", 1) * (launcher.get("gpus_per_node") or launcher.get("tasks_per_node", 1))
+    shapes = {family: ModelConfig.from_name(name) for family, name in a["shapes"].items()}
+    flops = train_flops_per_token(shapes["melt"], shapes["ouro"], train["seq_len"])
     for gate, path, steps in phase_jobs:
         tokens = steps * train["batch_size"] * train["seq_len"]
-        jobs.append(Job("train", f"{gate}/{path}", tokens, gpus, tokens / (a["train_tok_s_per_gpu"] * gpus) / 3600))
+        jobs.append(Job("train", f"{gate}/{path}", tokens, gpus, tokens / (a["train_tok_s_per_gpu"] * gpus) / 3600,
+                        limit_hours=tokens * flops / (a["peak_bf16_flops"] * gpus) / 3600))
     for model in models:
         for task, spec in config["eval"]["tasks"].items():
             job = _decode_job("eval", model, task, spec, a["questions"].get(task), 1, config, a)
@@ -97,9 +154,16 @@ def _decode_job(stage: str, model: str, task: str, spec: dict, questions: int | 
     max_new = spec.get("max_new_tokens", 32768)
     per_seq = cfg.kv_bytes(a["prompt_tokens"] + max_new, 2)
     batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
-    tokens = questions * spec.get("samples", 1) * passes * a["mean_new_fraction"] * max_new
+    answer = a["mean_new_fraction"] * max_new
+    tokens = questions * spec.get("samples", 1) * passes * answer
     shards = spec.get("shards", 1) if stage == "eval" else 1
     hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600 / shards  # each shard's job
+    # the roofline: tokens / batch steps, each reading the weights, and every token's K/V reads at
+    # its mean context (prompt + half its answer), over the HBM bandwidth
+    steps = tokens / max(batch, 1)
+    bytes_read = (decode_step_bytes(cfg, 0, 0) * steps
+                  + tokens * (a["prompt_tokens"] + answer / 2) * kv_read_per_position(cfg))
+    limit = bytes_read / a["hbm_bytes_per_s"] / 3600 / shards
     need = math.ceil(hours * shards / a["job_limit_hours"])
     note = "DOES NOT FIT one sequence" if batch == 0 else (
         f"over the {a['job_limit_hours']:.0f} h limit: "
@@ -108,7 +172,7 @@ def _decode_job(stage: str, model: str, task: str, spec: dict, questions: int | 
     name = f"{model} {task}" + (f" x {passes} rules" if passes > 1 else "")
     name += f" ({shards} shards)" if shards > 1 else ""
     return Job(stage, name, tokens, 1, hours, weights_gb(cfg) + max(batch, 1) * per_seq / 1e9,
-               f"batch {batch}; {note}".strip("; "), count=shards)
+               f"batch {batch}; {note}".strip("; "), count=shards, limit_hours=limit)
 
 
 def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
@@ -117,19 +181,30 @@ def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
              f"training at {assumptions['train_tok_s_per_gpu']:.0f} tokens/s per H100 (the paper's main run), "
              f"decoding at the paper's batch-1 rates {assumptions['decode_tok_s']} tok/s times the batch that fits "
              f"in {assumptions['gpu_memory_gb']:.0f} GB, answers averaging {assumptions['mean_new_fraction']:.0%} of "
-             "max_new_tokens.", ""]
+             "max_new_tokens. Beside each estimate, its limit: the wall-clock no GPU of "
+             f"{assumptions['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM and {assumptions['peak_bf16_flops'] / 1e12:.0f} "
+             "bf16 TFLOP/s can beat (decode: the weights every loop reads and the K/V rows every loop attends to; "
+             "training: its FLOPs), and the ratio estimate / limit.", ""]
     for stage in ("train", "eval", "early_exit"):
         part = [j for j in jobs if j.stage == stage]
         if not part:
             continue
+        est, lim = sum(j.gpu_hours for j in part), sum(j.limit_gpu_hours or 0 for j in part)
         lines += [f"## {stage}: {sum(j.count for j in part)} jobs, {sum(j.tokens for j in part) / 1e6:,.0f}M tokens, "
-                  f"{sum(j.gpu_hours for j in part):,.0f} GPU-hours", "",
-                  "| job | tokens (M) | GPUs | wall-clock h (per job) | GPU-hours | peak GB | note |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+                  f"{est:,.0f} GPU-hours (limit {lim:,.1f}, {_ratio(est, lim)})", "",
+                  "| job | tokens (M) | GPUs | wall-clock h (per job) | GPU-hours | limit GPU-hours | estimate / limit "
+                  "| peak GB | note |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {j.name} | {j.tokens / 1e6:,.1f} | {j.gpus} | {j.hours:,.1f} | {j.gpu_hours:,.1f} | "
+                  f"{j.limit_gpu_hours or 0:,.2f} | {_ratio(j.gpu_hours, j.limit_gpu_hours)} | "
                   f"{'' if j.peak_gb is None else f'{j.peak_gb:.1f}'} | {j.note} |" for j in part]
         lines.append("")
-    total = sum(j.gpu_hours for j in jobs)
+    total, limit = sum(j.gpu_hours for j in jobs), sum(j.limit_gpu_hours or 0 for j in jobs)
     over = [j.name for j in jobs if "limit" in j.note or "FIT" in j.note]
-    lines += [f"**Total: {total:,.0f} GPU-hours.** Jobs over the limit or not fitting: {len(over)}."]
+    lines += [f"**Total: {total:,.0f} GPU-hours; the hardware's limit {limit:,.1f} GPU-hours "
+              f"({_ratio(total, limit)}).** Jobs over the runtime limit or not fitting: {len(over)}."]
     return "\n".join(lines) + "\n"
+
+
+def _ratio(estimate: float, limit: float | None) -> str:
+    return f"{estimate / limit:,.1f}x" if limit else "n/a"

@@ -323,9 +323,12 @@ class BestEffortLogger(NullLogger):
 
 
 def make_logger(spec: dict[str, Any] | None, run_name: str, tags: dict[str, str] | None = None):
-    """A logger from a config block ``{experiment, tracking_uri, parent_run_id}``; None -> NullLogger."""
+    """A logger from a config block ``{experiment, tracking_uri, parent_run_id}``; None -> NullLogger.
+    A run made inside a SLURM job carries its id (tag ``slurm_job_id``): proof of where it ran."""
     if not spec or not spec.get("enabled", True):
         return NullLogger()
+    where = {"slurm_job_id": os.environ["SLURM_JOB_ID"]} if os.environ.get("SLURM_JOB_ID") else {}
     return BestEffortLogger(lambda: MlflowLogger(
         spec.get("experiment", "melt"), run_name, spec.get("tracking_uri"),
-        {**(spec.get("tags") or {}), **(tags or {})}, spec.get("parent_run_id"), spec.get("system_metrics", False)))
+        {**(spec.get("tags") or {}), **(tags or {}), **where}, spec.get("parent_run_id"),
+        spec.get("system_metrics", False)))

@@ -4,6 +4,7 @@ user must not submit as they are (over the runtime limit, or not fitting one seq
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from melt_core.config import ModelConfig
@@ -67,3 +68,72 @@ def test_the_paper_config_shards_every_eval_job_under_the_limit():
     assert not over, over
     unsharded, _ = plan(unsharded_paper(), models, [])
     assert sum(j.gpu_hours for j in jobs if j.stage == "eval") == pytest.approx(sum(j.gpu_hours for j in unsharded))
+
+
+# Hand-counted parameters of the real shapes (hidden 2048, 16 heads of 128, 24 layers, MLP 5632,
+# vocab 49152, T = 4): a layer holds q, k, v, o (4 x 2048 x 2048 = 16,777,216), the MLP
+# (3 x 2048 x 5632 = 34,603,008) and 4 norms (8,192): 51,388,416; MELT adds its gate
+# (2 x 2048 x 2048 + 2048 = 8,390,656). lm_head is untied: 49152 x 2048 = 100,663,296, plus the
+# final norm (2,048). Qwen3-1.7B's shape: 28 layers, 8 KV heads, MLP 6144, a tied head of 151936.
+OURO_LAYERS, MELT_GATES, HEAD = 24 * 51_388_416, 24 * 8_390_656, 100_663_296 + 2_048
+
+
+def test_decode_step_bytes_at_the_real_shapes():
+    from melt_core.plan import decode_step_bytes, kv_read_per_position
+
+    ouro, melt = ModelConfig.from_name("ouro-1.4b"), ModelConfig.from_name("melt-1.6b")
+    qwen = ModelConfig.from_name("qwen3-1.7b-shape")
+    # weights: every loop reads the layers, the head once
+    assert decode_step_bytes(ouro, 0, 0) == 2 * (4 * OURO_LAYERS + HEAD) == 10_067_906_560
+    assert decode_step_bytes(melt, 0, 0) == 2 * (4 * (OURO_LAYERS + MELT_GATES) + HEAD)
+    # K/V: 4 loops x 24 layers x (K + V) x 16 heads x 128 x 2 bytes = 786,432 bytes a position, for both
+    assert kv_read_per_position(ouro) == kv_read_per_position(melt) == 786_432
+    assert kv_read_per_position(qwen) == 28 * 2 * 8 * 128 * 2 == 114_688
+    assert decode_step_bytes(ouro, 3, 1000) - decode_step_bytes(ouro, 0, 0) == 3 * 1000 * 786_432
+    # Qwen3-1.7B's shape in the profiler's one-loop architecture: q, o; k, v (8 heads); MLP; 4 norms
+    qwen_layer = 2 * 2048 * 2048 + 2 * 2048 * 1024 + 3 * 2048 * 6144 + 4 * 2048
+    assert decode_step_bytes(qwen, 0, 0) == 2 * (28 * qwen_layer + 151_936 * 2048 + 2048) == 3_441_364_992
+
+
+def test_kv_reads_are_the_bytes_the_caches_hold_times_the_loops_that_read_them(ouro):
+    """Ouro's loops each read their own rows: its cache's bytes; MELT's every loop reads its one
+    shared row: T times its cache's bytes (tests/test_cache_memory.py ties these to real caches)."""
+    from helpers import make_melt
+
+    from melt_core.plan import kv_read_per_position
+
+    melt = make_melt(ouro)
+    T = ouro.config.total_ut_steps
+    assert kv_read_per_position(ouro.config, 4) == ouro.config.kv_bytes_per_token(4)
+    assert kv_read_per_position(melt.config, 4) == T * melt.config.kv_bytes_per_token(4)
+    cache = melt.new_cache(capacity=5)
+    with torch.no_grad():
+        melt(torch.randint(1, 97, (1, 5)), cache=cache)
+    assert cache.nbytes() * T == 5 * kv_read_per_position(melt.config, 4)
+
+
+def test_training_flops_at_the_real_shapes():
+    from melt_core.plan import train_flops_per_token
+
+    ouro, melt = ModelConfig.from_name("ouro-1.4b"), ModelConfig.from_name("melt-1.6b")
+    attention = 4 * 24 * 16 * 128 * 10_000 / 2  # per loop, a token attending to 5,000 keys on average
+    student = 4 * (6 * (OURO_LAYERS + MELT_GATES + HEAD) + 3 * attention)
+    teacher = 4 * (2 * (OURO_LAYERS + HEAD) + attention)
+    assert train_flops_per_token(melt, ouro, 10_000) == pytest.approx(student + teacher, rel=1e-12)
+
+
+def test_the_plan_shows_estimate_limit_and_ratio_per_job_and_in_total():
+    cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    jobs, a = plan(cfg, ["ouro", "melt-elementwise__full"], [("elementwise", "phase1", 500)])
+    train = next(j for j in jobs if j.stage == "train")
+    from melt_core.plan import train_flops_per_token
+
+    flops = train_flops_per_token(ModelConfig.from_name("melt-1.6b"), ModelConfig.from_name("ouro-1.4b"), 10_000)
+    assert train.limit_gpu_hours == pytest.approx(500 * 32 * 10_000 * flops / 989.4e12 / 3600)
+    for j in jobs:  # no assumed rate may beat the hardware
+        assert 1 < j.gpu_hours / j.limit_gpu_hours, j.name
+    text = render(jobs, a, cfg["name"])
+    assert "| limit GPU-hours | estimate / limit |" in text and "the hardware's limit" in text
+    cfg["plan"] = {"hbm_bytes_per_s": 2 * 3.35e12}  # a stated config value, not a constant in code
+    doubled, _ = plan(cfg, ["ouro"], [])
+    assert doubled[0].limit_hours == pytest.approx(jobs[1].limit_hours / 2)
