@@ -140,7 +140,8 @@ class LoopBlock(nn.Module):
         self.input_layernorm_2 = RMSNorm(cfg.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
         self.post_attention_layernorm_2 = RMSNorm(cfg.hidden_size, eps)
-        # main diff with Ouro: K/V come from a gated latent memory instead of from a
+        # the one difference from Ouro's layer: K/V come from a gated latent memory carried across
+        # loops instead of from each loop's own hidden state
         self.gate = LatentGate(cfg.gate, cfg.hidden_size, cfg.gate_h0, cfg.ema_z) if cfg.is_melt else None
 
     def forward(self, x: Tensor, step: LoopStep, layer: int, loop: int) -> Tensor:

@@ -15,8 +15,10 @@ it to ``<outdir>/plan.md``:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from .checkpoint import expected_shapes
 from .config import ModelConfig
@@ -95,18 +97,19 @@ def decode_step_bytes(cfg: ModelConfig, batch: int, context: int, dtype_bytes: i
     return weights + batch * context * kv_read_per_position(cfg, dtype_bytes)
 
 
-def train_flops_per_token(student: ModelConfig, teacher: ModelConfig, seq_len: int) -> float:
-    """FLOPs one trained token needs: the student's forward and backward (6 per parameter applied,
-    every loop, the head every loop for the per-loop KD), the teacher's forward (2 per parameter),
-    and causal attention (4 x heads x head_dim per key attended, on average seq_len / 2 keys;
-    x3 for the student's forward and backward, x1 for the teacher's), all T loops. A lower bound:
-    no recomputation (activation checkpointing), no optimizer."""
-    def one(cfg: ModelConfig, passes: int) -> float:
-        per_loop, head = _params(cfg)
-        attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq_len / 2
-        return cfg.total_ut_steps * (2 * passes * (per_loop + head) + passes * attention)
+def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """FLOPs of one token's forward pass in a sequence of ``seq_len``: 2 per parameter applied (every
+    loop's layers, the head every loop, as per-loop logits need) and causal attention (4 x heads x
+    head_dim per key attended, on average seq_len / 2 keys), all T loops."""
+    per_loop, head = _params(cfg)
+    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq_len / 2
+    return cfg.total_ut_steps * (2 * (per_loop + head) + attention)
 
-    return one(student, 3) + one(teacher, 1)
+
+def train_flops_per_token(student: ModelConfig, teacher: ModelConfig, seq_len: int) -> float:
+    """FLOPs one trained token needs: the student's forward and backward (3 forwards' worth) and the
+    teacher's forward. A lower bound: no recomputation (activation checkpointing), no optimizer."""
+    return 3 * forward_flops_per_token(student, seq_len) + forward_flops_per_token(teacher, seq_len)
 
 
 def _family(model: str) -> str:
@@ -119,6 +122,10 @@ def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]]
     ``exit_models``: the early-exit sweep's models (one job each, every rule in turn, costed at
     every loop: an upper bound)."""
     a = {**ASSUMPTIONS, **(config.get("plan") or {})}
+    if a.get("measured"):  # benchmarks/gpu_acceptance.py's JSON: measured rates replace the assumed ones
+        rates = json.loads(Path(a["measured"]).read_text())["plan_rates"]
+        a["decode_tok_s"] = {**a["decode_tok_s"], **rates["decode_tok_s"]}
+        a["train_tok_s_per_gpu"] = rates["train_tok_s_per_gpu"]
     jobs = []
     train, launcher = config["train"], config["launcher"]
     gpus = launcher.get("nodes", 1) * (launcher.get("gpus_per_node") or launcher.get("tasks_per_node", 1))
@@ -176,10 +183,12 @@ def _decode_job(stage: str, model: str, task: str, spec: dict, questions: int | 
 
 
 def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
+    source = (f"measured by benchmarks/gpu_acceptance.py ({assumptions['measured']})" if assumptions.get("measured")
+              else "the paper's")
     lines = [f"# Cost plan: {config_name}", "",
              "Estimates from the config and stated assumptions (melt_core/plan.py; override in `plan:`): "
-             f"training at {assumptions['train_tok_s_per_gpu']:.0f} tokens/s per H100 (the paper's main run), "
-             f"decoding at the paper's batch-1 rates {assumptions['decode_tok_s']} tok/s times the batch that fits "
+             f"training at {assumptions['train_tok_s_per_gpu']:.0f} tokens/s per H100 ({source}), "
+             f"decoding at {source} per-sequence rates {assumptions['decode_tok_s']} tok/s times the batch that fits "
              f"in {assumptions['gpu_memory_gb']:.0f} GB, answers averaging {assumptions['mean_new_fraction']:.0%} of "
              "max_new_tokens. Beside each estimate, its limit: the wall-clock no GPU of "
              f"{assumptions['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM and {assumptions['peak_bf16_flops'] / 1e12:.0f} "

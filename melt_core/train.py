@@ -522,6 +522,7 @@ def train(cfg: TrainConfig | dict, logger=None) -> Path:
                 with metrics_path.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
                 # the step is MLflow's x-axis, not a metric; each parameter group's learning rate is
+                # logged beside the losses
                 lrs = {f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups}
                 logger.log_metrics({**{k: v for k, v in row.items() if k not in ("phase", "step")}, **lrs},
                                    step=step + 1)
