@@ -62,7 +62,7 @@ class ModelConfig:
     bos_token_id: int | None = 0
     eos_token_id: int | list[int] | None = 0
     pad_token_id: int | None = 0
-    # --- MELT (METHOD.md section 2) ---
+    # --- MELT (docs/METHOD.md section 2) ---
     gate: str = "elementwise"  # elementwise | scalar | mean | ema | last
     gate_h0: str = "zeros"  # h_prev at loop 1: zeros (Eq. 1 with h_0 = 0) or first (h_1 = a)
     ema_z: float = 0.2  # fixed z of the `ema` gate (EMA-0.2 in Table 3)

@@ -4,7 +4,7 @@ Every source is normalised to chat records ``{"messages": [{"role", "content"}, 
 rendered with a template into token ids plus a loss mask (1 on assistant tokens), and
 packed into rows of ``seq_len`` tokens.
 
-Real path (METHOD.md section 3): 50% nvidia/AceReason-1.1-SFT (``input``/``output``
+Real path (docs/METHOD.md section 3): 50% nvidia/AceReason-1.1-SFT (``input``/``output``
 columns) + 50% open-thoughts/OpenThoughts3 (``conversations`` of ``from``/``value``),
 through ``datasets``, rendered with Ouro's ChatML template in thinking mode.
 

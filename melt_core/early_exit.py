@@ -1,6 +1,6 @@
 """Real early exit: a token stops looping when its exit rule says so, and the loops it skips are
 never computed (Ouro's released code and vLLM run every loop and only pick which loop's logits to
-use; METHOD.md section 1, the paper's appendix F.2).
+use; docs/METHOD.md section 1, the paper's appendix F.2).
 
 Exit rules (``ExitRule``), checked after each loop t = 1..T of a decoded token:
     q              Ouro's Q-exit: stop at the first loop whose cumulative exit probability

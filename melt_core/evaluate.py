@@ -1,5 +1,5 @@
 """Benchmark evaluation of any melt_core model: Ouro in any cache mode, MELT with any gate,
-window and prefill mode. The paper's sampling (METHOD.md section 4): temperature 1.0,
+window and prefill mode. The paper's sampling (docs/METHOD.md section 4): temperature 1.0,
 top-p 0.7, n samples per question with pass@1 (mean) and unbiased pass@k; greedy
 exact-match where a task says so.
 

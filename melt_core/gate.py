@@ -1,4 +1,4 @@
-"""MELT's latent-memory gate (METHOD.md section 2, Eq. 1) and its Table-3 variants.
+"""MELT's latent-memory gate (docs/METHOD.md section 2, Eq. 1) and its Table-3 variants.
 
 For one layer, loop t and token i, with a = input_layernorm(x) (what Ouro feeds to q/k/v):
 

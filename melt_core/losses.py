@@ -1,4 +1,4 @@
-"""The training losses of METHOD.md section 3.
+"""The training losses of docs/METHOD.md section 3.
 
 * Distillation at every loop: mean over loops t of KL(teacher_t || student_t) per target
   token (ablation: the final loop only).

@@ -1,4 +1,4 @@
-"""Chunk-wise MELT training (METHOD.md section 3): ``train(cfg)`` runs the same in a test, in a
+"""Chunk-wise MELT training (docs/METHOD.md section 3): ``train(cfg)`` runs the same in a test, in a
 local process and in a SLURM job (see melt_core/launch.py).
 
 Student = Ouro weights + gates (a converted MELT checkpoint); teacher = the original Ouro,

@@ -1,4 +1,4 @@
-"""Protects MELT's semantics (METHOD.md section 2): chunk = 1 equals token-by-token decoding
+"""Protects MELT's semantics (docs/METHOD.md section 2): chunk = 1 equals token-by-token decoding
 and a literal re-statement of the method; alpha = 0 equals Ouro whatever the gates; the
 window and the untrained sharing modes read the rows they should; padding changes nothing."""
 
@@ -131,7 +131,7 @@ def test_gate_variants_follow_their_formulas():
     h = None
     for t in range(3):
         h = ema(a[t], h, t)
-    # METHOD.md: h_3 = 0.008 h_0 + 0.032 a_1 + 0.16 a_2 + 0.8 a_3 with h_0 = 0
+    # docs/METHOD.md section 2: h_3 = 0.008 h_0 + 0.032 a_1 + 0.16 a_2 + 0.8 a_3 with h_0 = 0
     torch.testing.assert_close(h, 0.032 * a[0] + 0.16 * a[1] + 0.8 * a[2])
     mean = LatentGate("mean", 8)
     h = None

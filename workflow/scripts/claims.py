@@ -1,4 +1,4 @@
-"""Rule claims: the paper's claims (METHOD.md sections 5-6), the evidence from our own runs,
+"""Rule claims: the paper's claims (docs/METHOD.md sections 5-6), the evidence from our own runs,
 and a verdict each. Accuracy claims are judged on per-question scores with paired bootstrap
 intervals (verdicts.py): holds, does not hold, inconclusive, or not measurable (and why);
 measurements that are exact (bytes of a cache) are judged exactly."""
