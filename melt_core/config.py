@@ -23,7 +23,7 @@ _HF_IGNORED_KEYS = {
     "architectures", "auto_map", "transformers_version", "dtype", "torch_dtype",
     "initializer_range", "use_cache", "layer_types", "sliding_window", "max_window_layers",
     "attention_dropout", "attention_bias", "_name_or_path", "chunk_size",
-    "early_exit_step", "use_sliding_window", "hidden_act", "rope_scaling",
+    "use_sliding_window", "hidden_act", "rope_scaling",
     # melt_core's own provenance records, written beside the model fields
     "converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps", "pretrain_report",
 }
@@ -58,7 +58,11 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     total_ut_steps: int = 4
     tie_word_embeddings: bool = False
+    # the reference code's default exit: the threshold q on the cumulative exit probability (1.0,
+    # as shipped: never early) and a fixed exit loop (0-based; None: none). The eval's exit rule
+    # starts from them (melt_core.early_exit.ExitRule.of_checkpoint)
     early_exit_threshold: float | None = 1.0
+    early_exit_step: int | None = None
     bos_token_id: int | None = 0
     eos_token_id: int | list[int] | None = 0
     pad_token_id: int | None = 0
@@ -95,6 +99,12 @@ class ModelConfig:
         need(self.gate in GATE_VARIANTS, "gate", f"unknown gate variant {self.gate!r}; "
              f"choose one of {GATE_VARIANTS}")
         need(self.gate_h0 in GATE_H0, "gate_h0", f"got {self.gate_h0!r}; choose one of {GATE_H0}")
+        need(self.early_exit_threshold is None or 0 < self.early_exit_threshold <= 1, "early_exit_threshold",
+             f"the exit threshold q must lie in (0, 1] (1 = never exit early), got {self.early_exit_threshold!r}")
+        need(self.early_exit_step is None or (isinstance(self.early_exit_step, int)
+                                              and 0 <= self.early_exit_step < self.total_ut_steps),
+             "early_exit_step", f"a 0-based loop below total_ut_steps={self.total_ut_steps}, or null; got "
+                                f"{self.early_exit_step!r}")
         need(isinstance(self.window, int) and self.window >= 0, "window",
              f"the sliding window W must be an integer >= 0 (0 = v2, no window), got {self.window!r}")
         need(0.0 < self.ema_z < 1.0, "ema_z", f"must lie in (0, 1), got {self.ema_z}")

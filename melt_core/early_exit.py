@@ -60,6 +60,15 @@ class ExitRule:
             raise ConfigError(f"exit rule: unknown setting(s) {sorted(unknown)}; known: q, exit_at_loop, min_loops")
         return cls(**spec)
 
+    @classmethod
+    def of_checkpoint(cls, config) -> dict:
+        """The exit a checkpoint's config asks for by default (the reference code's defaults:
+        ``early_exit_threshold`` q, ``early_exit_step`` a 0-based loop), as rule settings."""
+        out = {"q": config.early_exit_threshold or 1.0}
+        if config.early_exit_step is not None:
+            out["exit_at_loop"] = config.early_exit_step + 1
+        return out
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_pretrained
-from .config import ConfigError
+from .config import ConfigError, ModelConfig
 from .data import DataError, load_tokenizer, prompt_ids, read_jsonl, stop_token_ids
 from .dense import DenseLM, checkpoint_kind
 from .early_exit import ExitRule
@@ -94,9 +94,11 @@ class ModelSpec:
     exit: dict[str, Any] | None = None  # early-exit rule (melt_core/early_exit.py); None: every loop
 
 
-def exit_rule(model_spec: ModelSpec, task: TaskSpec) -> ExitRule:
-    """The model's exit rule with the task's settings over it."""
-    return ExitRule.from_dict({**(model_spec.exit or {}), **(task.exit or {})})
+def exit_rule(model_spec: ModelSpec, task: TaskSpec, model_config=None) -> ExitRule:
+    """The model's exit rule with the task's settings over it, both over the checkpoint's own
+    default exit (``model_config``: a looped model's config, once loaded)."""
+    default = ExitRule.of_checkpoint(model_config) if model_config is not None else {}
+    return ExitRule.from_dict({**default, **(model_spec.exit or {}), **(task.exit or {})})
 
 
 def in_shard(row: dict, shard: list[int] | None) -> bool:
@@ -280,7 +282,8 @@ def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Pa
 def _exits(model, model_spec: ModelSpec, task: TaskSpec) -> ExitRule | None:
     """The exit rule where it can stop a token early (a dense model has one loop: never); with the
     model not loaded yet, the rule as set (generate() decides)."""
-    rule = exit_rule(model_spec, task)
+    config = getattr(model, "config", None)  # a dense baseline's is transformers', with no exit defaults
+    rule = exit_rule(model_spec, task, config if isinstance(config, ModelConfig) else None)
     return rule if model is None or rule.stops_early(model.num_loops) else None
 
 
