@@ -66,6 +66,19 @@ def test_rehearsal_changes_only_sizes_and_sources():
         assert src["kind"] == "hub" and src["schema"] in ("acereason", "openthoughts")
 
 
+# what the CPU overlay (config/rehearsal_cpu.yaml, which CI runs) may change beyond that: the hardware
+HARDWARE = [r"train\.device", r"eval\.(device|dtype)", r"launcher\.(gpus_per_node|cpus_per_task|partition|mem_gb)"]
+
+
+def test_the_cpu_overlay_changes_only_the_hardware():
+    rehearsal, cpu = _flat(_load("rehearsal.yaml")), _flat(_load("rehearsal_cpu.yaml"))
+    paper = _flat(_load("paper.yaml"))
+    changed = [k for k in cpu if k != "overlays" and rehearsal.get(k, paper.get(k)) != cpu[k]]
+    bad = [k for k in changed if not any(re.fullmatch(p, k) for p in HARDWARE)]
+    assert not bad, f"config/rehearsal_cpu.yaml changes more than the hardware: {bad}"
+    assert "train.device" in changed  # the check sees changes
+
+
 def test_compute_jobs_are_offline_and_downloads_are_not():
     """workflow/scripts/common.py, imported first by every rule script, makes the Hugging Face
     libraries offline for every rule but the login-node downloads."""
