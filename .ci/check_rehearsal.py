@@ -73,23 +73,32 @@ if unfinished:
     problems.append(f"MLflow runs whose last attempt did not finish: {unfinished[:5]}")
 
 # Rules meant for the cluster ran as SLURM jobs: each one's MLflow run carries the SLURM job id it ran
-# under (melt_core.tracking.make_logger). Local: the rules declared `localrules:` and rule phase,
-# which only submits its training as a submitit job (whose training run must carry an id).
-local = {"all", "phase"}
+# under (melt_core.tracking.make_logger). Local: the invocation's parent run, the rules declared
+# `localrules:`, and rule phase, which only submits its training as a submitit job: the training run
+# (a child of the phase rule's run) must carry an id.
+local = {"all", "invocation", "phase"}
 for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
     for block in re.findall(r"^localrules:\n((?:[ \t]+\w+,?\n)+)", smk.read_text(), re.M):
         local |= set(re.findall(r"\w+", block))
+by_id = {r.info.run_id: r for r in runs}
 last_run = {}
 for r in sorted(runs, key=lambda r: r.info.start_time):
     last_run[r.info.run_name] = r
+
+
+def is_training(r) -> bool:
+    parent = by_id.get(r.data.tags.get("mlflow.parentRunId", ""))
+    return r.data.tags.get("stage") == "train" and parent is not None and parent.data.tags.get("rule") == "phase"
+
+
+trained = [r for r in last_run.values() if is_training(r)]
 for name, r in sorted(last_run.items()):
     rule, stage = r.data.tags.get("rule"), r.data.tags.get("stage")
-    if (rule and rule not in local or stage == "train") and not r.data.tags.get("slurm_job_id"):
+    if (rule not in local or is_training(r)) and not r.data.tags.get("slurm_job_id"):
         problems.append(f"MLflow run {name!r} (rule {rule}, stage {stage}) ran outside SLURM: no slurm_job_id tag")
 # Training ran sharded over the ranks the launcher asks for, and changed the weights it trains
 launcher = cfg["launcher"]
 world = str(launcher["nodes"] * launcher["tasks_per_node"])
-trained = [r for r in last_run.values() if r.data.tags.get("stage") == "train"]
 if not trained:
     problems.append("no training run in MLflow")
 for r in trained:
@@ -99,7 +108,10 @@ for r in trained:
                         f"({world}, {cfg['train']['sharding']})")
 from safetensors.torch import load_file  # noqa: E402
 
-for final in sorted(out.glob("runs/seed*/*/*/final")):
+finals = sorted(out.glob("runs/seed*/**/final"))
+if len(finals) < len(trained):
+    problems.append(f"{len(finals)} trained checkpoints under {out / 'runs'} for {len(trained)} training runs")
+for final in finals:
     run_cfg = yaml.safe_load((final.parent / "train_config.json").read_text())
     start_dir = Path(run_cfg.get("init_from") or run_cfg["student"])
     start_dir = start_dir if (start_dir / "model.safetensors").is_file() else start_dir / "final"
