@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 
@@ -39,15 +38,27 @@ def _item(x):
     return x
 
 
+BIG_INT = 1 << 64  # ints at least this large travel in hex (decimal conversion is quadratic in CPython)
+_PLAIN = (type(None), bool, float, str)
+
+
+def _plain_int(v) -> bool:
+    return type(v) is int and -BIG_INT < v < BIG_INT
+
+
 def encode(x, depth: int = 0):
     """A value as tagged JSON: scalars as JSON, a list as an array, anything else a one-key object."""
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
     x = _item(x)
     t = type(x)
-    if t in SCALARS:
+    if t is int:
+        return x if -BIG_INT < x < BIG_INT else {"int": format(x, "x")}
+    if t in _PLAIN:
         return x
     if t is list:
+        if all(type(v) in _PLAIN or _plain_int(v) for v in x):  # the common case, a flat list, at C speed
+            return x
         return [encode(v, depth + 1) for v in x]
     if t is tuple:
         return {"tuple": [encode(v, depth + 1) for v in x]}
@@ -70,6 +81,8 @@ def decode(x, depth: int = 0):
     if t in SCALARS:
         return x
     if t is list:
+        if all(type(v) in SCALARS for v in x):  # a flat list: already plain values
+            return x
         return [decode(v, depth + 1) for v in x]
     if t is not dict or len(x) != 1:
         raise ValueError(f"not an encoded value: {type(x).__name__}")
@@ -83,20 +96,33 @@ def decode(x, depth: int = 0):
         return complex(*body)
     if tag == "bytes" and type(body) is str:
         return bytes.fromhex(body)
+    if tag == "int" and type(body) is str:
+        return int(body, 16)
     raise ValueError(f"not an encoded value: tag {tag!r}")
+
+
+def _number_key(v) -> str:
+    """An int or float's key: integral floats as the int (2.0 = 2), ints past BIG_INT in hex
+    (decimal conversion is quadratic), the rest as repr (a float's always has '.', 'e', inf or nan)."""
+    if type(v) is float and v.is_integer():
+        v = int(v)
+    return f"x{v:x}" if type(v) is int and not -BIG_INT < v < BIG_INT else repr(v)
 
 
 def _key(x, out: list) -> None:
     x = _item(x)
     t = type(x)
+    if t is list and all(type(v) is int or type(v) is float for v in x):  # a flat list of numbers, at C speed
+        values = [int(v) if type(v) is float and v.is_integer() else v for v in x]
+        if all(type(v) is float or -BIG_INT < v < BIG_INT for v in values):
+            out.append("n" + repr(values))
+            return
     if x is None:
         out.append("N")
     elif t is bool:
         out.append("T" if x else "F")
-    elif t is int:
-        out.append(f"i{x}")
-    elif t is float:
-        out.append(f"i{int(x)}" if math.isfinite(x) and x == int(x) else f"f{x!r}")
+    elif t is int or t is float:
+        out.append("i" + _number_key(x))
     elif t is str:
         out.append(f"s{len(x)}:{x}")
     elif t is bytes:
@@ -131,11 +157,12 @@ def digest(x) -> str:
     return hashlib.sha256(key(x).encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def reply_for(value, send_limit: int | None) -> dict:
+def reply_for(value, send_limit: int | None) -> str:
+    """The reply line for a computed value: the value, or its digest when larger than ``send_limit``."""
     encoded = json.dumps({"v": encode(value)})
     if send_limit is not None and len(encoded) > send_limit:
-        return {"digest": digest(value)}
-    return json.loads(encoded)
+        return json.dumps({"digest": digest(value)})
+    return encoded
 
 
 def _channel():
@@ -148,8 +175,9 @@ def _channel():
     os.dup2(2, 1)
     sys.stdin, sys.stdout = open(os.devnull), sys.stderr
 
-    def send(message: dict) -> None:
-        chan_out.write(json.dumps(message).encode() + b"\n")
+    def send(message: dict | str) -> None:
+        line = message if isinstance(message, str) else json.dumps(message)
+        chan_out.write(line.encode("utf-8", "surrogatepass") + b"\n")
         chan_out.flush()
 
     return chan_in, send

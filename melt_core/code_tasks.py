@@ -23,6 +23,10 @@ shapes evalplus writes it (tools/humaneval/to_original_fmt.py):
   relays to the server, so the test's interpreter never holds the completion's code or objects.
   Its verdict is the test code's: it rules out every attack on the interpreter (frames, builtins,
   exit status, output, ``__eq__``), not a weak test.
+
+Time: as evalplus does, each input may take TIME_FACTOR times what the benchmark's own solution
+takes on it in the same harness (at least MIN_CALL_S), measured once per problem; loading the
+completion, and a whole assert-style test, get TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import ast
 import math
 import re
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,8 +49,12 @@ from .sandbox import Limits, Sandboxed
 INSTRUCTION = ("Complete the following Python function. Give the whole function, with any imports it "
                "needs, in one ```python code block.\n\n")
 _BLOCK = re.compile(r"```(?:python|py)?\n(.*?)```", re.DOTALL)
-TIMEOUT_S = 20.0  # per completion, wall clock (CPU time is capped one second above it)
+TIMEOUT_S = 20.0  # wall clock to start and load a completion, and for a whole assert-style test
 MEMORY_GB = 2.0  # address space per process inside the sandbox
+# Per-input time limits, as evalplus sets them: a multiple of what the benchmark's own solution
+# takes on that input in the same harness (measured once per problem, REFERENCE_S at most), and
+# never under MIN_CALL_S
+TIME_FACTOR, MIN_CALL_S, REFERENCE_S = 4.0, 1.0, 120.0
 HARNESS_SOURCE = Path(code_harness.__file__).read_text()
 
 
@@ -81,6 +90,7 @@ class TestPlan:
     results: list | None = None  # io: from the test; reference: filled by the reference's run
     atol: float = 0.0
     source: str = ""  # reference: the test module without check(); script: prompt + test code
+    budgets: list[float] = field(default_factory=list)  # seconds each input may take (TIME_FACTOR)
 
 
 class _unlimited_int_digits:
@@ -255,47 +265,58 @@ class PassesTests:
         self.unsafe_no_sandbox = unsafe_no_sandbox
         self.plans: dict[str, TestPlan] = {}
 
-    def limits(self) -> Limits:
-        return Limits(timeout_s=TIMEOUT_S, cpu_s=int(TIMEOUT_S) + 1, memory_bytes=int(MEMORY_GB * 2**30))
+    def limits(self, seconds: float = TIMEOUT_S) -> Limits:
+        return Limits(timeout_s=seconds, cpu_s=int(seconds) + 1, memory_bytes=int(MEMORY_GB * 2**30))
 
-    def _server(self, source: str, entry_point: str) -> Sandboxed:
+    def _server(self, source: str, entry_point: str, seconds: float = TIMEOUT_S) -> Sandboxed:
         return Sandboxed({"harness.py": HARNESS_SOURCE, "program.py": source}, ["harness.py", "serve", entry_point],
-                         self.limits(), self.unsafe_no_sandbox)
+                         self.limits(seconds), self.unsafe_no_sandbox)
 
     def plan(self, doc: Doc) -> TestPlan:
+        """The problem's tests as data, with its per-input time limits (and, for a cross-check, its
+        expected values) from one run of the benchmark's own solution; once per problem."""
         spec = doc.specific
         if spec["test"] not in self.plans:
             plan = parse_tests(spec["test"], spec["prompt"])
             if plan.kind == "reference":
-                plan.results = self._reference_outputs(plan)
+                outputs, seconds = self._run_solution(plan, plan.source, "ref_func")
+                plan.results = outputs
+            elif plan.kind != "script":
+                _, seconds = self._run_solution(plan, program(doc, doc.choices[0]), spec["entry_point"])
+            if plan.kind != "script":
+                plan.budgets = [max(MIN_CALL_S, TIME_FACTOR * t) for t in seconds]
             self.plans[spec["test"]] = plan
         return self.plans[spec["test"]]
 
-    def _reference_outputs(self, plan: TestPlan) -> list:
-        outputs = []
-        with self._server(plan.source, "ref_func") as box:
+    def _run_solution(self, plan: TestPlan, source: str, entry_point: str) -> tuple[list, list[float]]:
+        """The benchmark's own solution on every input, in the harness a completion gets: its
+        outputs (values, or digests of large ones) and the seconds each input took."""
+        outputs, seconds = [], []
+        with self._server(source, entry_point, TIMEOUT_S + REFERENCE_S * len(plan.inputs)) as box:
+            box.allow(TIMEOUT_S)
             ready = box.receive()
-            for inp in plan.inputs:
+            for i, inp in enumerate(plan.inputs):
+                box.allow(REFERENCE_S)
+                start = time.monotonic()
                 reply = box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}) and box.receive()
+                seconds.append(time.monotonic() - start)
                 if not reply or len(reply) != 1 or not ({"v", "digest"} & set(reply)):
-                    raise RuntimeError(f"the benchmark's reference failed on input {str(inp)[:200]} "
-                                       f"(ready: {ready}, reply: {reply}); its test cannot be judged")
+                    raise RuntimeError(f"the benchmark's own solution failed on input #{i} (ready: {ready}, reply: "
+                                       f"{str(reply)[:200]}); its test cannot be judged")
                 outputs.append(Digest(reply["digest"]) if "digest" in reply else decode(reply["v"]))
-        return outputs
+        return outputs, seconds
 
     def __call__(self, doc: Doc, model_response: ModelResponse, **kwargs) -> float:
-        with _unlimited_int_digits():  # values of any size travel as JSON numbers
-            return self._score(doc, model_response.text[0])
-
-    def _score(self, doc: Doc, completion: str) -> float:
         plan = self.plan(doc)
-        source = program(doc, completion)
+        source = program(doc, model_response.text[0])
         if plan.kind == "script":
             return float(self._judged_by_script(plan, source, doc.specific["entry_point"]))
-        with self._server(source, doc.specific["entry_point"]) as box:
+        with self._server(source, doc.specific["entry_point"], TIMEOUT_S + sum(plan.budgets)) as box:
+            box.allow(TIMEOUT_S)
             if box.receive() != {"ready": True}:
                 return 0.0
-            for inp, expected in zip(plan.inputs, plan.results or [None] * len(plan.inputs)):
+            for inp, expected, budget in zip(plan.inputs, plan.results or [None] * len(plan.inputs), plan.budgets):
+                box.allow(budget)
                 if not box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}):
                     return 0.0
                 if not agrees(box.receive(), expected, plan, inp):

@@ -276,6 +276,10 @@ class Sandboxed:
                                    "user.max_user_namespaces > 0), or an AppArmor/seccomp policy forbids them")
             data += chunk
 
+    def allow(self, seconds: float) -> None:
+        """Give the program ``seconds`` from now for what comes next (a per-call time limit)."""
+        self.deadline = time.monotonic() + seconds
+
     def send(self, message: dict) -> bool:
         """Write one JSON line to the program; False when it is gone, stalled or out of time."""
         data = json.dumps(message).encode() + b"\n"

@@ -101,3 +101,28 @@ def test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong(monkeyp
     off_by_one = row["canonical_solution"].replace("(i + 3) / 2", "(i + 3) / 2 + (i == 99999)")
     assert off_by_one != row["canonical_solution"]
     assert score(row, as_model_writes(row, off_by_one)) == 0.0
+
+
+def test_each_input_gets_a_multiple_of_the_benchmarks_own_time():
+    """As evalplus: a solution may take TIME_FACTOR x the canonical one's time on an input (at least
+    MIN_CALL_S): slow but in time passes, too slow fails."""
+    row = PLUS_BY_ID["HumanEval/2"]
+    plan = PassesTests().plan(humaneval_prompt(row, "humaneval"))
+    assert len(plan.budgets) == len(plan.inputs) and all(b >= code_tasks.MIN_CALL_S for b in plan.budgets)
+    slow = "    import time\n    time.sleep({})\n    return number % 1.0\n"
+    assert score(row, as_model_writes(row, slow.format(0.1))) == 1.0
+    assert score(row, as_model_writes(row, slow.format(max(plan.budgets) + 0.5))) == 0.0
+
+
+def test_values_travel_as_plain_data_with_pythons_equality_bools_strict():
+    from melt_core.code_harness import decode, encode, key
+
+    for v in ([1, 2], [1.5, -0.0], 2**100, 18 * 10**99_998, [2**100, 3], (1, [2, "a"]), {"a": [1.0]}, b"x", 1 + 2j,
+              None, True, {1, 2}, "\udcff"):
+        assert decode(encode(v)) == v and type(decode(encode(v))) is type(v)
+    assert key([2]) == key([2.0]) and key(2**70) == key(float(2**70)) and key(10**30) != key(1e30)
+    assert key([1, True]) != key([1, 1]) and key((1,)) != key([1]) and key([float("nan")]) == key([float("nan")])
+    assert key({1: 2, 3: 4}) == key({3: 4, 1: 2}) and key([[1.0], [2]]) == key([[1], [2.0]])
+    for bad in ({"tuple": 1}, {"x": []}, {"int": 5}, {"a": 1, "b": 2}):
+        with pytest.raises(ValueError):
+            decode(bad)
