@@ -236,23 +236,29 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
         for context in contexts:
             prefill = {name: [] for name in models}
             step_s = {name: [] for name in models}
+            round_step_s = {name: [] for name in models}  # each round's median step
             for _ in range(rounds):
                 state = {}
                 for name, model in models.items():
                     cache, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
                     state[name] = (cache, token)
                     prefill[name].append(seconds)
+                this_round = {name: [] for name in models}
                 for start in range(0, steps, burst):
                     for name, model in models.items():
                         cache, token = state[name]
                         for _ in range(min(burst, steps - start)):
                             token, seconds = _decode_step(model, cache, token, exit_rules.get(name))
-                            step_s[name].append(seconds)
+                            this_round[name].append(seconds)
                         state[name] = (cache, token)
+                for name, times in this_round.items():
+                    step_s[name] += times
+                    round_step_s[name].append(statistics.median(times))
             for name in models:
                 ttft, step = statistics.median(prefill[name]), statistics.median(step_s[name])
                 rows.append({"model": name, "batch": batch, "context": context, "prefill_tok_s": batch * context / ttft,
-                             "ttft_s": ttft, "decode_tok_s": batch / step, "decode_step_s": step})
+                             "ttft_s": ttft, "decode_tok_s": batch / step, "decode_step_s": step,
+                             "decode_tok_s_rounds": [batch / s for s in round_step_s[name]]})
     return rows
 
 

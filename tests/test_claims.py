@@ -55,3 +55,15 @@ def test_early_exit_is_corrected_for_the_rules_tried():
     many = claims.early_exit_claims(R(sweep(gap_questions=12, n_rules=20)))[0]
     assert one[2] == HOLDS and "1 rules tried" in one[0]
     assert many[2] == INCONCLUSIVE and "20 rules tried" in many[0] and "99.75% interval" in many[0]
+
+
+@pytest.mark.parametrize("melt_rounds,expected", [([8.0, 8.5, 9.0], HOLDS), ([14.0, 15.0, 16.0], FAILS),
+                                                  ([12.0, 13.0, 14.5], INCONCLUSIVE)])
+def test_decode_speed_is_judged_on_the_rounds_interleaved(melt_rounds, expected):
+    """Ouro decodes 13.5 tok/s in every round: MELT always under it holds, always over it fails,
+    rounds on both sides are not judged either way."""
+    speed = pd.DataFrame({"model": ["ouro", "melt", "ouro"], "batch": [1, 1, 1], "context": [128, 128, 512],
+                          "decode_tok_s_rounds": [json.dumps([13.5] * 3), json.dumps(melt_rounds), "[1.0]"]})
+    memory = pd.DataFrame({"shape": ["ouro-1.4b"]})
+    (_, evidence, verdict), = claims.decode_speed_claim(speed, memory, "cpu-mid")
+    assert verdict.startswith(expected) and "3 rounds in turn" in evidence and "context 128" in evidence
