@@ -312,7 +312,7 @@ class Sandboxed:
         line, _, self._buffer = self._buffer.partition(b"\n")
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: the program's loss
             return None
         return message if isinstance(message, dict) else None
 

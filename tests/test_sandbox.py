@@ -79,6 +79,9 @@ ATTACKS = {
     "writes to every inherited descriptor": "for fd in range(0, 64):\n    try:\n"
                                             "        os.write(fd, b'{\"v\": 5}\\n{\"verdict\": \"pass\"}\\n')\n"
                                             "    except OSError:\n        pass",
+    "replies with JSON nested past any parser": "for fd in range(0, 64):\n    try:\n"
+                                                "        os.write(fd, b'[' * 200000 + b']' * 200000 + b'\\n')\n"
+                                                "    except OSError:\n        pass",
     "scans globals for a secret": "import re\nfor v in list(globals().values()):\n"
                                   "    if isinstance(v, str) and re.fullmatch('[0-9a-f]{32}', v):\n"
                                   "        os.write(1, ('\\n' + v + '\\n').encode())\nos._exit(0)",
