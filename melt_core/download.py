@@ -26,14 +26,10 @@ ALLOW = ["config.json", "generation_config.json", "*.safetensors", "model.safete
          "chat_template.jinja", "added_tokens.json"]
 
 
-def sha256(path: Path) -> str:
-    return sha256_file(path)
-
-
 def manifest(path: str | Path) -> dict[str, str]:
     """sha256 of every file in a checkpoint directory (to pin in config after a first download)."""
     path = Path(path)
-    return {f.name: sha256(f) for f in sorted(path.iterdir()) if f.is_file()}
+    return {f.name: sha256_file(f) for f in sorted(path.iterdir()) if f.is_file()}
 
 
 def verify(path: str | Path, expected: dict[str, str] | None) -> None:

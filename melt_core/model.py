@@ -194,9 +194,6 @@ class LoopOutput:
     cache: KVCache
     attn_outputs: list[Tensor] | None = field(default=None, repr=False)  # t*N + l -> (B, L, d)
 
-    def exit_probs(self) -> Tensor:
-        return exit_distribution(self.exit_logits)
-
 
 def exit_distribution(exit_logits: Tensor) -> Tensor:
     """Ouro's exit pdf over loops: p_t = lambda_t * prod_{s<t}(1 - lambda_s), p_T = the rest."""

@@ -239,15 +239,13 @@ def dense_checkpoint(out: Path, tok, seed: int = 1) -> None:
 
 
 # -------------------------------------------------------------------------- hub layout
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def publish(cache: Path, repo_id: str, src: Path) -> tuple[str, dict[str, str]]:
     """Put ``src``'s files into ``cache`` as the hub client lays a downloaded snapshot out; the
     revision is a content hash, so the same files always get the same pinned revision."""
     files = sorted(f for f in src.iterdir() if f.is_file())
-    manifest = {f.name: sha256(f) for f in files}
+    from melt_core.checkpoint import sha256_file
+
+    manifest = {f.name: sha256_file(f) for f in files}
     revision = hashlib.sha1(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     repo = cache / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / revision
