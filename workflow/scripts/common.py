@@ -20,7 +20,7 @@ if _rule is not None and _rule not in LOGIN_NODE_RULES:
 
 import torch  # noqa: E402
 
-from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger
+from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger, stamp
 
 
 @contextlib.contextmanager
@@ -36,6 +36,8 @@ def rule_context(snakemake, stage: str, run_name: str | None = None, log_index: 
     sys.stdout = sys.stderr = stream
     logging.basicConfig(stream=stream, level=logging.INFO, force=True)
     torch.set_num_threads(max(1, snakemake.threads))
+    stamp(f"rule {snakemake.rule}: {torch.get_num_threads()} torch thread(s), OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}")  # a slow job's log says how it was threaded
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
     spec.setdefault("parent_run_id", os.environ.get(INVOCATION_ENV))  # a child of this invocation's run
     tags = {**spec.get("tags", {}), **(tags or {}), "rule": snakemake.rule,
