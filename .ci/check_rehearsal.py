@@ -65,10 +65,10 @@ logged = {r.data.tags.get("rule") for r in runs}
 missing = sorted(r for r in rehearsal if r not in logged and r not in ("all",))
 if missing:
     problems.append(f"MLflow holds no run for rule(s) {missing}")
-latest = {}
+last_run = {}
 for r in sorted(runs, key=lambda r: r.info.start_time):  # a retried job: its last run counts
-    latest[r.info.run_name] = r.info.status
-unfinished = sorted(name for name, status in latest.items() if status != "FINISHED")
+    last_run[r.info.run_name] = r
+unfinished = sorted(name for name, r in last_run.items() if r.info.status != "FINISHED")
 if unfinished:
     problems.append(f"MLflow runs whose last attempt did not finish: {unfinished[:5]}")
 
@@ -81,9 +81,6 @@ for smk in (ROOT / "workflow" / "rules").glob("*.smk"):
     for block in re.findall(r"^localrules:\n((?:[ \t]+\w+,?\n)+)", smk.read_text(), re.M):
         local |= set(re.findall(r"\w+", block))
 by_id = {r.info.run_id: r for r in runs}
-last_run = {}
-for r in sorted(runs, key=lambda r: r.info.start_time):
-    last_run[r.info.run_name] = r
 
 
 def is_training(r) -> bool:

@@ -256,6 +256,12 @@ def agrees(reply: dict | None, expected, plan: TestPlan, inp: list) -> bool:
         return False
 
 
+def _call(box: Sandboxed, inp: list) -> dict | None:
+    """One call of the served function on ``inp``: its reply (a value, or the digest of a large
+    one), or None when it cannot be asked or does not answer in time."""
+    return box.receive() if box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}) else None
+
+
 class PassesTests:
     """1.0 when every test of the benchmark ran and the scorer judged every output right, else 0.0
     (errors, exits, timeouts, wrong or unreadable outputs, no code). A sandbox that cannot run
@@ -278,12 +284,12 @@ class PassesTests:
         spec = doc.specific
         if spec["test"] not in self.plans:
             plan = parse_tests(spec["test"], spec["prompt"])
-            if plan.kind == "reference":
-                outputs, seconds = self._run_solution(plan, plan.source, "ref_func")
-                plan.results = outputs
-            elif plan.kind != "script":
-                _, seconds = self._run_solution(plan, program(doc, doc.choices[0]), spec["entry_point"])
-            if plan.kind != "script":
+            if plan.kind != "script":  # a cross-check's reference, else the dataset's canonical solution
+                reference = plan.kind == "reference"
+                outputs, seconds = self._run_solution(
+                    plan, plan.source if reference else program(doc, doc.choices[0]),
+                    "ref_func" if reference else spec["entry_point"])
+                plan.results = outputs if reference else plan.results
                 plan.budgets = [max(MIN_CALL_S, TIME_FACTOR * t) for t in seconds]
             self.plans[spec["test"]] = plan
         return self.plans[spec["test"]]
@@ -298,7 +304,7 @@ class PassesTests:
             for i, inp in enumerate(plan.inputs):
                 box.allow(REFERENCE_S)
                 start = time.monotonic()
-                reply = box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}) and box.receive()
+                reply = _call(box, inp)
                 seconds.append(time.monotonic() - start)
                 if not reply or len(reply) != 1 or not ({"v", "digest"} & set(reply)):
                     raise RuntimeError(f"the benchmark's own solution failed on input #{i} (ready: {ready}, reply: "
@@ -317,9 +323,7 @@ class PassesTests:
                 return 0.0
             for inp, expected, budget in zip(plan.inputs, plan.results or [None] * len(plan.inputs), plan.budgets):
                 box.allow(budget)
-                if not box.send({"args": encode(inp), "send_limit": code_harness.SEND_LIMIT}):
-                    return 0.0
-                if not agrees(box.receive(), expected, plan, inp):
+                if not agrees(_call(box, inp), expected, plan, inp):
                     return 0.0
         return 1.0
 

@@ -282,7 +282,10 @@ class Sandboxed:
 
     def send(self, message: dict) -> bool:
         """Write one JSON line to the program; False when it is gone, stalled or out of time."""
-        data = json.dumps(message).encode() + b"\n"
+        return self.write(json.dumps(message).encode() + b"\n")
+
+    def write(self, data: bytes) -> bool:
+        """Write ``data`` to the program's stdin; False when it is gone, stalled or out of time."""
         fd = self.proc.stdin.fileno()
         os.set_blocking(fd, False)
         while data:
@@ -362,12 +365,7 @@ def run_untrusted(source: str, stdin: bytes = b"", limits: Limits = Limits(),
     """Run Python ``source`` (given as a file, never argv: any length) isolated; returns its exit
     status and output tail. ``stdin`` is fed to it."""
     box = Sandboxed({"program.py": source}, ["program.py"], limits, unsafe_no_sandbox, merge_output=True)
-    fd = box.proc.stdin.fileno()
-    try:
-        while stdin and select.select([], [fd], [], max(0.0, box.deadline - time.monotonic()))[1]:
-            stdin = stdin[os.write(fd, stdin):]
-    except BrokenPipeError:
-        pass
+    box.write(stdin)  # a program that stops reading or ends early: the rest is not its to read
     return box.wait()
 
 
