@@ -1,11 +1,19 @@
 # Helpers shared by the rules: config validation, the list of runs and models, output paths.
 import re
+import sys
 from pathlib import Path, PurePosixPath
 
 from snakemake.utils import validate
 
 
 validate(config, schema="../schemas/config.schema.yaml")
+
+# Every job's CPU arithmetic pinned (config cpu_numerics): set here, in the environment every job
+# inherits, before any job imports torch (workflow/scripts/cpu_numerics.py).
+sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
+from cpu_numerics import pin  # noqa: E402
+
+CPU_PINS = pin(config.get("cpu_numerics"))
 
 OUT = config["outdir"]
 GATES = config["ablations"]["gates"]

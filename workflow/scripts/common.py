@@ -19,6 +19,7 @@ if _rule is not None and _rule not in LOGIN_NODE_RULES:
         os.environ[_var] = "1"
 
 import torch  # noqa: E402
+from cpu_numerics import check as check_numerics  # noqa: E402
 
 from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger, stamp
 
@@ -36,8 +37,10 @@ def rule_context(snakemake, stage: str, run_name: str | None = None, log_index: 
     sys.stdout = sys.stderr = stream
     logging.basicConfig(stream=stream, level=logging.INFO, force=True)
     torch.set_num_threads(max(1, snakemake.threads))
+    # a job's log says how it was threaded and which kernels computed it (a slow or differing job)
     stamp(f"rule {snakemake.rule}: {torch.get_num_threads()} torch thread(s), OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}")  # a slow job's log says how it was threaded
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; "
+          + check_numerics(snakemake.config.get("cpu_numerics"), torch.backends.cpu.get_cpu_capability()))
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
     spec.setdefault("parent_run_id", os.environ.get(INVOCATION_ENV))  # a child of this invocation's run
     tags = {**spec.get("tags", {}), **(tags or {}), "rule": snakemake.rule,

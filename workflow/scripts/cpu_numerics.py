@@ -1,0 +1,65 @@
+"""Each job's CPU arithmetic pinned (config `cpu_numerics`), so one config gives bitwise the same
+results on any x86-64 machine with AVX2, whatever its CPU model and core count.
+
+Without it the embedded default's conclusions changed with the CPU (docs/REPRODUCIBILITY.md): ATen
+picks its vectorised kernels by the CPU's widest ISA (AVX512 here, AVX2 elsewhere), MKL its GEMM
+code path by CPU model, and the last bits of a sum differ between them; training amplifies such
+differences until a tiny teacher's checkpoints score differently. The pins choose the kernels by
+name instead: ATen's AVX2 kernels (ATEN_CPU_CAPABILITY), MKL's AVX2 path in conditional-numerical-
+reproducibility mode (MKL_CBWR), oneDNN capped at AVX2. OpenMP threads sleep instead of spinning
+when they wait (OMP_WAIT_POLICY=PASSIVE): a two-thread job beside another busy process slows in
+proportion, not several-fold. A job's thread count is its rule's `threads`; the results do not
+depend on it at these shapes (benchmarks/cross_machine.py runs one and two threads per job).
+
+No torch import here: these variables must be set before torch loads. The Snakefile sets them in
+its own environment, which every job inherits (local jobs, sbatch, submitit); workflow/scripts/
+common.py then checks in each job that torch really runs the pinned kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+# kernels: the ISA every job computes with. avx2: any x86-64 CPU since 2013-2015 (Intel Haswell,
+# AMD Excavator), no slower here than this CPU's own AVX512 kernels; default: ATen's unvectorised
+# kernels and MKL's SSE2 path, for CPUs without AVX2, ~1.7x slower per training step here.
+KERNELS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+}
+PINNED_VARS = sorted({k for env in KERNELS.values() for k in env} | {"OMP_WAIT_POLICY"})
+
+
+def pinned_env(cfg: dict | None) -> dict[str, str]:
+    """The environment variables that pin a job's CPU arithmetic; {} when `pinned` is false."""
+    cfg = cfg or {}
+    if not cfg.get("pinned", True):
+        return {}
+    kernels = cfg.get("kernels", "avx2")
+    if kernels not in KERNELS:
+        raise ValueError(f"config cpu_numerics.kernels: {kernels!r} is not one of {sorted(KERNELS)}")
+    return {**KERNELS[kernels], "OMP_WAIT_POLICY": cfg.get("wait_policy", "passive").upper()}
+
+
+def pin(cfg: dict | None) -> dict[str, str]:
+    """Set the pins in this process's environment (over whatever the caller had): the pins."""
+    env = pinned_env(cfg)
+    os.environ.update(env)
+    return env
+
+
+def check(cfg: dict | None, capability: str) -> str:
+    """One line for the job's log saying how it computes; raises if the pinned kernels are not the
+    ones torch runs (`capability`: torch.backends.cpu.get_cpu_capability(), e.g. on a CPU without
+    AVX2, where ATen falls back to its default kernels and the results would differ)."""
+    env = pinned_env(cfg)
+    line = ("CPU kernels " + capability + ", " + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in PINNED_VARS)
+            + ("" if env else " (cpu_numerics.pinned: false: this machine's own kernels)"))
+    want = env.get("ATEN_CPU_CAPABILITY")
+    if want and capability.lower() != want:
+        raise RuntimeError(f"cpu_numerics.kernels: {cfg.get('kernels', 'avx2')} asks ATen's {want} kernels, but "
+                           f"torch runs {capability} (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')}): "
+                           "this CPU lacks them or torch was imported before the pins were set; set "
+                           "cpu_numerics.kernels: default in the config (the results then match other machines "
+                           "run with default kernels), or cpu_numerics.pinned: false")
+    return line
