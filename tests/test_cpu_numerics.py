@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
-from cpu_numerics import PINNED_VARS, check, pinned_env  # noqa: E402
+from cpu_numerics import MARKER, PINNED_VARS, check, pin, pinned_env  # noqa: E402
 
 # A few AdamW steps of an Ouro-architecture model (4 loops) with per-loop LM loss: the teacher's step.
 PROBE = """
@@ -44,7 +44,7 @@ MACHINES = {  # what differs between two machines that a process can be made to 
 
 
 def _train(machine: dict, pins: dict) -> tuple[str, str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in PINNED_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in (MARKER, *PINNED_VARS)}
     env.update({**machine, **pins, "PYTHONPATH": str(ROOT)})  # the pins go over the machine, as in the Snakefile
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -73,8 +73,12 @@ def test_pinned_env_and_errors():
 
 
 def test_check_fails_when_torch_runs_other_kernels(monkeypatch):
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert "CPU kernels AVX2" in check({"kernels": "avx2"}, "AVX2")
+    for k in (MARKER, *PINNED_VARS):
+        monkeypatch.delenv(k, raising=False)
+    assert "not pinned" in check("AVX512")
+    pin({"kernels": "avx2"})
+    assert "CPU kernels AVX2, ATEN_CPU_CAPABILITY=avx2" in check("AVX2")
     with pytest.raises(RuntimeError, match="cpu_numerics.kernels: default"):
-        check({"kernels": "avx2"}, "DEFAULT")  # a CPU without AVX2: ATen fell back
-    assert "pinned: false" in check({"pinned": False}, "AVX512")
+        check("DEFAULT")  # a CPU without AVX2: ATen fell back
+    pin({"pinned": False})  # unpinned: the caller's environment stands, and nothing is checked
+    assert MARKER not in os.environ and "not pinned" in check("DEFAULT")

@@ -40,7 +40,7 @@ def rule_context(snakemake, stage: str, run_name: str | None = None, log_index: 
     # a job's log says how it was threaded and which kernels computed it (a slow or differing job)
     stamp(f"rule {snakemake.rule}: {torch.get_num_threads()} torch thread(s), OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; "
-          + check_numerics(snakemake.config.get("cpu_numerics"), torch.backends.cpu.get_cpu_capability()))
+          + check_numerics(torch.backends.cpu.get_cpu_capability()))
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
     spec.setdefault("parent_run_id", os.environ.get(INVOCATION_ENV))  # a child of this invocation's run
     tags = {**spec.get("tags", {}), **(tags or {}), "rule": snakemake.rule,

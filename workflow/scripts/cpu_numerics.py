@@ -27,6 +27,7 @@ KERNELS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"},
 }
+MARKER = "MELT_CPU_KERNELS"  # set with the pins: a job checks that torch runs what was pinned
 PINNED_VARS = sorted({k for env in KERNELS.values() for k in env} | {"OMP_WAIT_POLICY"})
 
 
@@ -38,27 +39,29 @@ def pinned_env(cfg: dict | None) -> dict[str, str]:
     kernels = cfg.get("kernels", "avx2")
     if kernels not in KERNELS:
         raise ValueError(f"config cpu_numerics.kernels: {kernels!r} is not one of {sorted(KERNELS)}")
-    return {**KERNELS[kernels], "OMP_WAIT_POLICY": cfg.get("wait_policy", "passive").upper()}
+    return {**KERNELS[kernels], "OMP_WAIT_POLICY": cfg.get("wait_policy", "passive").upper(), MARKER: kernels}
 
 
 def pin(cfg: dict | None) -> dict[str, str]:
-    """Set the pins in this process's environment (over whatever the caller had): the pins."""
+    """Set the pins in this process's environment (over whatever the caller had): the pins. Unpinned,
+    the environment is left as the caller set it (the machine's own), and nothing is checked."""
     env = pinned_env(cfg)
+    if not env:
+        os.environ.pop(MARKER, None)
     os.environ.update(env)
     return env
 
 
-def check(cfg: dict | None, capability: str) -> str:
-    """One line for the job's log saying how it computes; raises if the pinned kernels are not the
-    ones torch runs (`capability`: torch.backends.cpu.get_cpu_capability(), e.g. on a CPU without
-    AVX2, where ATen falls back to its default kernels and the results would differ)."""
-    env = pinned_env(cfg)
+def check(capability: str) -> str:
+    """One line for the job's log saying how it computes; raises if the pinned kernels (the
+    environment pin() set, which the job inherited) are not the ones torch runs (`capability`:
+    torch.backends.cpu.get_cpu_capability(); e.g. a CPU without AVX2, where ATen falls back)."""
+    pinned = os.environ.get(MARKER)
     line = ("CPU kernels " + capability + ", " + ", ".join(f"{k}={os.environ.get(k, 'unset')}" for k in PINNED_VARS)
-            + ("" if env else " (cpu_numerics.pinned: false: this machine's own kernels)"))
-    want = env.get("ATEN_CPU_CAPABILITY")
-    if want and capability.lower() != want:
-        raise RuntimeError(f"cpu_numerics.kernels: {cfg.get('kernels', 'avx2')} asks ATen's {want} kernels, but "
-                           f"torch runs {capability} (ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY')}): "
+            + ("" if pinned else " (not pinned: this machine's own kernels)"))
+    want = os.environ.get("ATEN_CPU_CAPABILITY")
+    if pinned and capability.lower() != want:
+        raise RuntimeError(f"cpu_numerics.kernels: {pinned} asks ATen's {want} kernels, but torch runs {capability}: "
                            "this CPU lacks them or torch was imported before the pins were set; set "
                            "cpu_numerics.kernels: default in the config (the results then match other machines "
                            "run with default kernels), or cpu_numerics.pinned: false")
