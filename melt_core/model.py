@@ -281,8 +281,11 @@ class LoopedLM(nn.Module):
         cache = cache if cache is not None else self.new_cache()
         if positions is None:
             positions = torch.arange(cache.seen, cache.seen + L, device=input_ids.device).expand(B, L)
-        if int(positions.max()) >= cfg.max_position_embeddings:
-            raise ConfigError(f"position {int(positions.max())} is beyond max_position_embeddings="
+            top = cache.seen + L - 1
+        else:  # reading a GPU tensor's max would stall every decode step on the host; generate() checks
+            top = int(positions.max()) if positions.device.type == "cpu" else None  # prompt + new tokens once
+        if top is not None and top >= cfg.max_position_embeddings:
+            raise ConfigError(f"position {top} is beyond max_position_embeddings="
                               f"{cfg.max_position_embeddings} of this model")
         valid = attention_mask.bool() if attention_mask is not None and not attention_mask.all() else None
         x_all = self.model.embed_tokens(input_ids)
