@@ -3,12 +3,12 @@
     python .ci/check_browse.py results/smoke
 
 Starts a real `mlflow server` on <outdir>/mlflow.db, then
-1. through its REST API: every rule's run finished under an invocation parent with the tags the
-   README promises; for each gate of the gate ablation, its training (phase) runs and its eval runs,
+1. through its REST API: every rule's run finished under an invocation parent with the tags
+   docs/WORKFLOW.md promises; for each gate of the gate ablation, its training (phase) runs and its eval runs,
    each eval linked to the training run (same gate and seed) that wrote its checkpoint, with its
    per-question results and its log attached as artifacts;
 2. in a real headless browser (Debian's chromium-headless-shell, driven over the DevTools protocol
-   on a pipe): opens the README's runs-table URL filtered to the gate ablation, expands the
+   on a pipe): opens docs/WORKFLOW.md's runs-table URL filtered to the gate ablation, expands the
    invocation, and finds every gate-ablation training run by its name in the rendered table.
 """
 

@@ -6,8 +6,9 @@ each OpenMP wait policy (config cpu_numerics.wait_policy; docs/REPRODUCIBILITY.m
            batch 16 x 208, C = 16), beside parallel Ouro distillation as the profiler times it
 
 Each (job, policy) is timed alone and beside `python -c "while True: pass"`, alternately, in fresh
-processes; the table gives seconds per step and the slowdown. Writes
-results/benchmarks/outside_load.md.
+processes; the table gives seconds per step and the slowdown. A second table prices the pinned
+kernels (cpu_numerics.kernels): the teacher's step on one thread with ATen's AVX512, AVX2 and
+unvectorised kernels (MKL's path as pinned, AVX2). Writes results/benchmarks/outside_load.md.
 
     python benchmarks/outside_load.py            # ~3 minutes on 2 cores
 """
@@ -24,11 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 TEACHER = """
-import sys, time, torch
+import os, sys, time, torch
 from melt_core.config import ModelConfig
 from melt_core.losses import lm_loss_sum
 from melt_core.model import LoopedLM
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ["TEACHER_THREADS"]))
 torch.manual_seed(0)
 cfg = ModelConfig(model_type="ouro", vocab_size=24, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, total_ut_steps=4, max_position_embeddings=1024,
@@ -60,8 +61,9 @@ print(16 * 208 / next(r for r in rows if r["model"] == "melt-C16")["tokens_per_s
 """
 
 
-def seconds_per_step(code: str, steps: int, policy: str, busy: bool) -> float:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": policy.upper(), "ATEN_CPU_CAPABILITY": "avx2"}
+def seconds_per_step(code: str, steps: int, policy: str, busy: bool, kernels: str = "avx2", threads: int = 2) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": policy.upper(), "ATEN_CPU_CAPABILITY": kernels,
+           "MKL_CBWR": "AVX2", "TEACHER_THREADS": str(threads)}
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         out = subprocess.run([sys.executable, "-c", code, str(steps)], env=env, capture_output=True, text=True,
@@ -92,6 +94,12 @@ def main() -> None:
             m0, m1 = statistics.median(alone), statistics.median(beside)
             lines.append(f"| {job} | {policy} | {m0:.3f} | {m1:.3f} | {m1 / m0:.2f}x |")
             print(lines[-1], flush=True)
+    lines += ["", "What the pinned kernels cost: the teacher's step, one thread, alone:", "",
+              "| ATen kernels | s/step | vs AVX2 |", "|---|---:|---:|"]
+    cost = {k: statistics.median(seconds_per_step(TEACHER, a.steps, "passive", False, k, 1) for _ in range(a.rounds))
+            for k in ("avx512", "avx2", "default")}
+    lines += [f"| {k} | {v:.3f} | {v / cost['avx2']:.2f}x |" for k, v in cost.items()]
+    print("\n".join(lines[-3:]), flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}")

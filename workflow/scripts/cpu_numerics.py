@@ -1,5 +1,6 @@
 """Each job's CPU arithmetic pinned (config `cpu_numerics`), so one config gives bitwise the same
-results on any x86-64 machine with AVX2, whatever its CPU model and core count.
+results on x86-64 machines with AVX2 whatever their CPU model and core count (checked on two
+emulated machines: benchmarks/cross_machine.py; docs/REPRODUCIBILITY.md).
 
 Without it the embedded default's conclusions changed with the CPU (docs/REPRODUCIBILITY.md): ATen
 picks its vectorised kernels by the CPU's widest ISA (AVX512 here, AVX2 elsewhere), MKL its GEMM
