@@ -63,8 +63,11 @@ def test_pins_make_two_emulated_machines_compute_the_same_bits():
     assert a[2] == b[2], f"pinned, the two emulated machines still differ: {pinned}"
 
 
-def test_pinned_env_and_errors():
+def test_pinned_env_and_errors(monkeypatch):
     assert pinned_env({"pinned": False}) == {}
+    with monkeypatch.context() as m:  # the pins name x86 kernels: on ARM nothing is pinned (nor checked)
+        m.setattr("platform.machine", lambda: "aarch64")
+        assert pinned_env({"pinned": True}) == {}
     env = pinned_env(None)  # the defaults: AVX2 kernels, sleeping OpenMP threads
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "AVX2" and env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert pinned_env({"kernels": "default"})["MKL_CBWR"] == "COMPATIBLE"

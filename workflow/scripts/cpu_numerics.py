@@ -20,6 +20,7 @@ common.py then checks in each job that torch really runs the pinned kernels.
 from __future__ import annotations
 
 import os
+import platform
 
 # kernels: the ISA every job computes with. avx2: any x86-64 CPU since 2013-2015 (Intel Haswell,
 # AMD Excavator), no slower here than this CPU's own AVX512 kernels; default: ATen's unvectorised
@@ -35,8 +36,8 @@ PINNED_VARS = sorted({k for env in KERNELS.values() for k in env} | {"OMP_WAIT_P
 def pinned_env(cfg: dict | None) -> dict[str, str]:
     """The environment variables that pin a job's CPU arithmetic; {} when `pinned` is false."""
     cfg = cfg or {}
-    if not cfg.get("pinned", True):
-        return {}
+    if not cfg.get("pinned", True) or platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}  # the pins name x86 kernels; elsewhere (ARM login or GPU nodes) each machine's own
     kernels = cfg.get("kernels", "avx2")
     if kernels not in KERNELS:
         raise ValueError(f"config cpu_numerics.kernels: {kernels!r} is not one of {sorted(KERNELS)}")
