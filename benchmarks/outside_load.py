@@ -29,11 +29,10 @@ import os, sys, time, torch
 from melt_core.config import ModelConfig
 from melt_core.losses import lm_loss_sum
 from melt_core.model import LoopedLM
+from melt_core.shapes import SPEED_SHAPES
 torch.set_num_threads(int(os.environ["TEACHER_THREADS"]))
 torch.manual_seed(0)
-cfg = ModelConfig(model_type="ouro", vocab_size=24, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, total_ut_steps=4, max_position_embeddings=1024,
-                  rope_theta=10000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["embedded"])
 model = LoopedLM(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 times = []
@@ -52,10 +51,9 @@ PHASE = """
 import sys, torch
 from melt_core.config import ModelConfig
 from melt_core.profiler import train_throughput
+from melt_core.shapes import SPEED_SHAPES
 torch.set_num_threads(1)
-cfg = ModelConfig(model_type="ouro", vocab_size=24, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, total_ut_steps=4, max_position_embeddings=1024,
-                  rope_theta=10000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["embedded"])
 rows = train_throughput(cfg, 208, 16, [16], steps=int(sys.argv[1]))
 print(16 * 208 / next(r for r in rows if r["model"] == "melt-C16")["tokens_per_s"])
 """

@@ -14,16 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 from cpu_numerics import MARKER, PINNED_VARS, check, pin, pinned_env  # noqa: E402
 
-# A few AdamW steps of an Ouro-architecture model (4 loops) with per-loop LM loss: the teacher's step.
+# A few AdamW steps of the embedded teacher's shape (4 loops) with per-loop LM loss: the teacher's step.
 PROBE = """
 import hashlib, torch
 from melt_core.config import ModelConfig
 from melt_core.losses import lm_loss_sum
 from melt_core.model import LoopedLM
+from melt_core.shapes import SPEED_SHAPES
 torch.manual_seed(0)
-cfg = ModelConfig(model_type="ouro", vocab_size=24, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, total_ut_steps=4, max_position_embeddings=256,
-                  rope_theta=10000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["embedded"])
 model = LoopedLM(cfg)
 opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
 g = torch.Generator().manual_seed(0)
