@@ -12,7 +12,7 @@ results/benchmarks/cross_machine.md, whose last line is `verdict flips: N` (a fl
 side, does not hold on the other; a verdict inconclusive on one side only is listed, not counted).
 Timing claims (decode and training speed) are measurements of the machine and are listed apart.
 
-With --control (default on) it first trains the teacher alone under A and B with the pins off
+Unless --no-control, it also trains the teacher alone under A and B with the pins off
 (cpu_numerics.pinned: false): where the two first differ, how the difference grows, and which
 checkpoint each one's early stop keeps, the trail behind the pins.
 
