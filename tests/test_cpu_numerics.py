@@ -75,8 +75,8 @@ def test_pinned_env_and_errors(monkeypatch):
 
 
 def test_check_fails_when_torch_runs_other_kernels(monkeypatch):
-    for k in (MARKER, *PINNED_VARS):
-        monkeypatch.delenv(k, raising=False)
+    # pin() writes os.environ: give it a copy, so no pin leaks into later tests' subprocesses
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in (MARKER, *PINNED_VARS)})
     assert "not pinned" in check("AVX512")
     pin({"kernels": "avx2"})
     assert "CPU kernels AVX2, ATEN_CPU_CAPABILITY=avx2" in check("AVX2")
