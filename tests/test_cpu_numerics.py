@@ -43,7 +43,7 @@ MACHINES = {  # what differs between two machines that a process can be made to 
 
 
 def _train(machine: dict, pins: dict) -> tuple[str, str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (MARKER, *PINNED_VARS)}
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_VARS}
     env.update({**machine, **pins, "PYTHONPATH": str(ROOT)})  # the pins go over the machine, as in the Snakefile
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -76,7 +76,7 @@ def test_pinned_env_and_errors(monkeypatch):
 
 def test_check_fails_when_torch_runs_other_kernels(monkeypatch):
     # pin() writes os.environ: give it a copy, so no pin leaks into later tests' subprocesses
-    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in (MARKER, *PINNED_VARS)})
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in PINNED_VARS})
     assert "not pinned" in check("AVX512")
     pin({"kernels": "avx2"})
     assert "CPU kernels AVX2, ATEN_CPU_CAPABILITY=avx2" in check("AVX2")

@@ -13,7 +13,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 from cpu_numerics import pin  # noqa: E402
 
-CPU_PINS = pin(config.get("cpu_numerics"))
+pin(config.get("cpu_numerics"))
 
 OUT = config["outdir"]
 GATES = config["ablations"]["gates"]

@@ -30,7 +30,7 @@ KERNELS = {
     "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"},
 }
 MARKER = "MELT_CPU_KERNELS"  # set with the pins: a job checks that torch runs what was pinned
-PINNED_VARS = sorted({k for env in KERNELS.values() for k in env} | {"OMP_WAIT_POLICY"})
+PINNED_VARS = sorted({k for env in KERNELS.values() for k in env} | {"OMP_WAIT_POLICY", MARKER})  # all pin() sets
 
 
 def pinned_env(cfg: dict | None) -> dict[str, str]:
