@@ -42,7 +42,8 @@ def _flat(d, prefix=""):
     return out
 
 
-# what a rehearsal may change: sizes, and where bytes come from (and its own name and outputs)
+# what a rehearsal may change: sizes, where bytes come from (and its own name and outputs), and how
+# the tasks its sizes leave unsharded are packed into jobs (eval.group_tasks)
 ALLOWED = [r"overlays", r"name", r"outdir", r"mlflow\..*",
            r"source\.(repo_id|revision|cache_dir|sha256\..*)",
            r"dense_baselines\..+\.(repo_id|revision|cache_dir|sha256\..*)",
@@ -50,7 +51,8 @@ ALLOWED = [r"overlays", r"name", r"outdir", r"mlflow\..*",
            r"train\.(chunk_size|seq_len|batch_size|micro_batch_size|checkpoint_every)",
            r"phases\.[^.]+\.steps",
            r"launcher\.(tasks_per_node|gpus_per_node|cpus_per_task|timeout_min|mem_gb)",
-           r"eval\.batch_size", r"eval\.tasks\.[^.]+\.(data_dir|samples|ks|max_new_tokens|select\.n|shards)",
+           r"eval\.(batch_size|group_tasks)",
+           r"eval\.tasks\.[^.]+\.(data_dir|samples|ks|max_new_tokens|select\.n|shards)",
            r"early_exit\.(limit|exit_gate_steps|exit_gate_batch)",
            r"profile\.(shapes|kv_tokens|speed_shape|real_shape_speed_context|speed_contexts|loops_sweep"
            r"|window_sweep)"]
