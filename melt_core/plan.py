@@ -112,15 +112,12 @@ def train_flops_per_token(student: ModelConfig, teacher: ModelConfig, seq_len: i
     return 3 * forward_flops_per_token(student, seq_len) + forward_flops_per_token(teacher, seq_len)
 
 
-def _family(model: str) -> str:
-    return "melt" if model.startswith("melt") else "dense" if model.startswith("dense") else "ouro"
-
-
-def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]],
-         exit_models: list[str] = ()) -> tuple[list[Job], dict]:
-    """Jobs of the DAG with their costs. ``phase_jobs``: (gate, path, steps) of every phase job;
-    ``exit_models``: the early-exit sweep's models (one job each, every rule in turn, costed at
-    every loop: an upper bound)."""
+def plan(config: dict, models: dict[str, str], phase_jobs: list[tuple[str, str, int]],
+         exit_models: dict[str, str] | None = None) -> tuple[list[Job], dict]:
+    """Jobs of the DAG with their costs. ``models``: each evaluated model id -> its family (``ouro``,
+    ``melt`` or ``dense``: whose shape it is costed at); ``phase_jobs``: (gate, path, steps) of every
+    phase job; ``exit_models``: the early-exit sweep's models, the same way (one job each, every
+    rule in turn, costed at every loop: an upper bound)."""
     a = {**ASSUMPTIONS, **(config.get("plan") or {})}
     if a.get("measured"):  # benchmarks/gpu_acceptance.py's JSON: measured rates replace the assumed ones
         rates = json.loads(Path(a["measured"]).read_text())["plan_rates"]
@@ -135,27 +132,27 @@ def plan(config: dict, models: list[str], phase_jobs: list[tuple[str, str, int]]
         tokens = steps * train["batch_size"] * train["seq_len"]
         jobs.append(Job("train", f"{gate}/{path}", tokens, gpus, tokens / (a["train_tok_s_per_gpu"] * gpus) / 3600,
                         limit_hours=tokens * flops / (a["peak_bf16_flops"] * gpus) / 3600))
-    for model in models:
+    for model, family in models.items():
         for task, spec in config["eval"]["tasks"].items():
-            job = _decode_job("eval", model, task, spec, a["questions"].get(task), 1, config, a)
+            job = _decode_job("eval", model, family, task, spec, a["questions"].get(task), 1, config, a)
             jobs += [job] if job else []
     sweep = config.get("early_exit") or {}
-    for model in exit_models:
+    for model, family in (exit_models or {}).items():
         task = sweep["task"]
         n = a["questions"].get(task)
         n = min(n, sweep["limit"]) if n is not None and sweep.get("limit") else n
-        job = _decode_job("early_exit", model, task, config["eval"]["tasks"][task], n, len(sweep["rules"]), config, a)
+        job = _decode_job("early_exit", model, family, task, config["eval"]["tasks"][task], n, len(sweep["rules"]),
+                          config, a)
         jobs += [job] if job else []
     return jobs, a
 
 
-def _decode_job(stage: str, model: str, task: str, spec: dict, questions: int | None, passes: int, config: dict,
-                a: dict) -> Job | None:
+def _decode_job(stage: str, model: str, family: str, task: str, spec: dict, questions: int | None, passes: int,
+                config: dict, a: dict) -> Job | None:
     """One generation job: ``questions`` x samples x ``passes`` answers at the assumed length, in
     the batch the memory allows; None where the benchmark's size is not known."""
     if questions is None:
         return None
-    family = _family(model)
     cfg = ModelConfig.from_name(a["shapes"][family])
     budget = a["gpu_memory_gb"] * 1e9 - weights_gb(cfg) * 1e9
     max_new = spec.get("max_new_tokens", 32768)

@@ -18,7 +18,7 @@ from verdicts import FAILS, HOLDS, INCONCLUSIVE  # noqa: E402
 @pytest.mark.parametrize("ratio,expected", [(0.105, HOLDS), (0.07, HOLDS), (0.2, HOLDS),
                                             (0.34, FAILS), (0.03, FAILS), (1.0, FAILS)])
 def test_training_slowdown_is_judged_against_the_papers_ratio(ratio, expected):
-    tt = pd.DataFrame({"model": ["ouro", "melt-elementwise", "melt-scalar"],
+    tt = pd.DataFrame({"model": ["ouro-parallel", "melt-C16", "melt-C64"],  # profiler.train_throughput's rows
                        "ratio_to_ouro": [1.0, ratio, ratio + 0.01]})
     (_, evidence, verdict), = claims.train_speed_claim(tt)
     assert verdict.startswith(expected) and f"{ratio:.2f}x" in evidence
@@ -27,11 +27,11 @@ def test_training_slowdown_is_judged_against_the_papers_ratio(ratio, expected):
 def sweep(gap_questions: int, n_rules: int, n: int = 400) -> pd.DataFrame:
     """MELT's every-loop run solves every question; each early-exit rule loses ``gap_questions``."""
     full = [100.0] * n
-    rows = [{"model": "melt-elementwise", "variant": "converted", "rule": "all loops", "loop_fraction": 1.0,
+    rows = [{"model": "melt-elementwise__full-seed0", "variant": "converted", "rule": "all loops", "loop_fraction": 1.0,
              "per_question": json.dumps(full), "accuracy": 100.0, "mean_loops": 4.0, "loops": 4, "speedup": 1.0}]
     for k in range(n_rules):
         scores = [0.0 if (i + 7 * k) % n < gap_questions else 100.0 for i in range(n)]
-        rows.append({"model": "melt-elementwise", "variant": "converted", "rule": f"q={k}",
+        rows.append({"model": "melt-elementwise__full-seed0", "variant": "converted", "rule": f"q={k}",
                      "loop_fraction": 0.5, "per_question": json.dumps(scores), "accuracy": sum(scores) / n,
                      "mean_loops": 2.0, "loops": 4, "speedup": 1.8})
     return pd.DataFrame(rows)

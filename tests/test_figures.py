@@ -17,6 +17,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+from report_common import Results  # noqa: E402
 
 
 def script_functions(name: str) -> types.ModuleType:
@@ -48,7 +49,7 @@ def results(stand_in="digit_sum/pass@1"):
         score=lambda model, col: scores.get(model, 0.0), columns={"MATH-500": stand_in},
         estimate=lambda model, col: Estimate(scores.get(model, 0.0), scores.get(model, 0.0) - 4,
                                              min(100.0, scores.get(model, 0.0) + 4)),
-        run_model=lambda gate, recipe: f"melt-{gate}__{recipe}", seeds=[0, 1],
+        run_model=Results.run_model, sharing_model=Results.sharing_model, untrained=Results.untrained, seeds=[0, 1],
         config={"baselines": {"sharing": ["first-loop", "first-loop+prompt", "last-loop", "last-loop+prompt"]},
                 "main_run": {"gate": "elementwise", "recipe": "full"},
                 "ablations": {"gates": ["elementwise", "scalar", "mean", "ema", "last"], "gate_recipe": "full",

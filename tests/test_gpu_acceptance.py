@@ -51,9 +51,9 @@ def test_every_section_runs_and_stands_beside_its_limit(result):
 def test_the_plan_reads_the_measured_rates(result, tmp_path):
     out, data = result
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
-    assumed, _ = plan(cfg, ["ouro"], [("elementwise", "phase1", 500)])
+    assumed, _ = plan(cfg, {"ouro": "ouro"}, [("elementwise", "phase1", 500)])
     cfg["plan"] = {"measured": str(out / "gpu_acceptance.json")}
-    measured, a = plan(cfg, ["ouro"], [("elementwise", "phase1", 500)])
+    measured, a = plan(cfg, {"ouro": "ouro"}, [("elementwise", "phase1", 500)])
     assert a["decode_tok_s"]["ouro"] == data["plan_rates"]["decode_tok_s"]["ouro"]
     assert a["train_tok_s_per_gpu"] == data["plan_rates"]["train_tok_s_per_gpu"]
     rate = a["decode_tok_s"]["ouro"] / 13.5  # against the paper's assumed 13.5 tok/s

@@ -22,7 +22,7 @@ def unsharded_paper():
 
 def test_paper_plan_arithmetic_and_flags():
     cfg = unsharded_paper()
-    jobs, a = plan(cfg, ["ouro", "melt-elementwise__full"], [("elementwise", "phase1", 500)])
+    jobs, a = plan(cfg, {"ouro": "ouro", "melt-elementwise__full": "melt"}, [("elementwise", "phase1", 500)])
     train = next(j for j in jobs if j.stage == "train")
     assert train.tokens == 500 * 32 * 10_000 and train.gpus == 8
     assert train.gpu_hours == pytest.approx(train.tokens / a["train_tok_s_per_gpu"] / 3600)
@@ -41,7 +41,7 @@ def test_paper_plan_arithmetic_and_flags():
 def test_a_sequence_that_cannot_fit_is_flagged():
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
     cfg["eval"]["tasks"] = {"aime24": {"lighteval": "aime/aime24", "max_new_tokens": 200_000}}
-    jobs, _ = plan(cfg, ["ouro"], [])
+    jobs, _ = plan(cfg, {"ouro": "ouro"}, [])
     assert jobs[0].note.startswith("batch 0; DOES NOT FIT")
 
 
@@ -50,11 +50,11 @@ def test_shards_split_a_job_under_the_limit_at_the_same_cost():
     GPU-hours stay the same."""
     cfg = unsharded_paper()
     cfg["eval"]["tasks"] = {"aime24": cfg["eval"]["tasks"]["aime24"]}
-    (whole,), _ = plan(cfg, ["ouro"], [])
+    (whole,), _ = plan(cfg, {"ouro": "ouro"}, [])
     need = int(whole.note.rsplit("set shards: ", 1)[1])
     assert need > 1 and whole.hours > 24
     cfg["eval"]["tasks"] = {"aime24": {**cfg["eval"]["tasks"]["aime24"], "shards": need}}
-    (split,), a = plan(cfg, ["ouro"], [])
+    (split,), a = plan(cfg, {"ouro": "ouro"}, [])
     assert split.hours <= 24 and "limit" not in split.note and split.count == need
     assert split.gpu_hours == pytest.approx(whole.gpu_hours)
     assert f"({need} shards)" in render([split], a, "x") and f"## eval: {need} jobs" in render([split], a, "x")
@@ -62,8 +62,8 @@ def test_shards_split_a_job_under_the_limit_at_the_same_cost():
 
 def test_the_paper_config_shards_every_eval_job_under_the_limit():
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
-    models = ["ouro", "ouro-first-loop", "melt-elementwise__full", "dense-qwen3-1.7b"]
-    jobs, _ = plan(cfg, models, [], ["ouro", "melt-elementwise__full"])
+    models = {"ouro": "ouro", "ouro-first-loop": "ouro", "melt-elementwise__full": "melt", "dense-qwen3-1.7b": "dense"}
+    jobs, _ = plan(cfg, models, [], {"ouro": "ouro", "melt-elementwise__full": "melt"})
     over = [j.name for j in jobs if "limit" in j.note]
     assert not over, over
     unsharded, _ = plan(unsharded_paper(), models, [])
@@ -124,7 +124,7 @@ def test_training_flops_at_the_real_shapes():
 
 def test_the_plan_shows_estimate_limit_and_ratio_per_job_and_in_total():
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
-    jobs, a = plan(cfg, ["ouro", "melt-elementwise__full"], [("elementwise", "phase1", 500)])
+    jobs, a = plan(cfg, {"ouro": "ouro", "melt-elementwise__full": "melt"}, [("elementwise", "phase1", 500)])
     train = next(j for j in jobs if j.stage == "train")
     from melt_core.plan import train_flops_per_token
 
@@ -135,5 +135,5 @@ def test_the_plan_shows_estimate_limit_and_ratio_per_job_and_in_total():
     text = render(jobs, a, cfg["name"])
     assert "| limit GPU-hours | estimate / limit |" in text and "the hardware's limit" in text
     cfg["plan"] = {"hbm_bytes_per_s": 2 * 3.35e12}  # a stated config value, not a constant in code
-    doubled, _ = plan(cfg, ["ouro"], [])
+    doubled, _ = plan(cfg, {"ouro": "ouro"}, [])
     assert doubled[0].limit_hours == pytest.approx(jobs[1].limit_hours / 2)

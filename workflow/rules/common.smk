@@ -12,6 +12,7 @@ validate(config, schema="../schemas/config.schema.yaml")
 # inherits, before any job imports torch (workflow/scripts/cpu_numerics.py).
 sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 from cpu_numerics import pin  # noqa: E402
+from model_id import ModelId, parse_run, run_id  # noqa: E402  the one grammar of model and run ids
 
 pin(config.get("cpu_numerics"))
 
@@ -80,10 +81,10 @@ def training_runs():
     return sorted(runs)
 
 
-RUNS = [f"{g}__{r}" for g, r in training_runs()]
-MAIN_RUN = f"{config['main_run']['gate']}__{config['main_run']['recipe']}"
-GATE_RUNS = [f"{g}__{config['ablations']['gate_recipe']}" for g in GATES]  # Table 3
-RECIPE_RUNS = [f"{config['main_run']['gate']}__{r}" for r in config["ablations"]["recipes"]]  # Table 4
+RUNS = [run_id(g, r) for g, r in training_runs()]
+MAIN_RUN = run_id(config["main_run"]["gate"], config["main_run"]["recipe"])
+GATE_RUNS = [run_id(g, config["ablations"]["gate_recipe"]) for g in GATES]  # Table 3
+RECIPE_RUNS = [run_id(config["main_run"]["gate"], r) for r in config["ablations"]["recipes"]]  # Table 4
 
 
 def _segment(phase, recipe):
@@ -118,13 +119,19 @@ def phase_dir(gate, path, seed):
 
 def run_dir(run, seed):
     """The directory of a (gate, recipe) run ``gate__recipe`` trained with ``seed``: its last phase's."""
-    gate, recipe = run.split("__")
+    gate, recipe = parse_run(run)
     return phase_dir(gate, recipe_path(recipe), seed)
 
 
-def seeded(name, seed):
-    """A model or run id of one training seed: ``melt-elementwise__full-seed1``."""
-    return f"{name}-seed{seed}"
+def run_phase_dirs(run, seed):
+    """The directories of a run's phases, in the order they train."""
+    gate, recipe = parse_run(run)
+    return [phase_dir(gate, p, seed) for p in path_prefixes(recipe_path(recipe))]
+
+
+def trained_model(run, seed=None, variant=""):
+    """The model id of a training run ``gate__recipe`` (of one seed, under an inference variant)."""
+    return str(ModelId.trained(*parse_run(run), seed=seed, variant=variant))
 
 
 def init_dir(gate, seed):
@@ -165,47 +172,39 @@ def variant_suffixes():
     eval.compare_prefill, the other prefill mode: chunks of the training chunk size where eval
     prefills exactly, else exact (@prefill-...); eval.compare_window, each sliding window W of v3
     (the last W tokens keep their per-loop K/V), applied at inference only (@window-W)."""
-    suffixes = []
+    variants = []
     if config["eval"].get("compare_prefill"):
-        suffixes.append("@prefill-" + ("exact" if config["eval"].get("prefill_chunk")
-                                       else f"chunk{config['train']['chunk_size']}"))
-    return suffixes + [f"@window-{w}" for w in config["eval"].get("compare_window") or []]
+        variants.append("prefill-" + ("exact" if config["eval"].get("prefill_chunk")
+                                      else f"chunk{config['train']['chunk_size']}"))
+    return variants + [f"window-{w}" for w in config["eval"].get("compare_window") or []]
 
 
 def main_variants():
-    return [f"{seeded(f'melt-{MAIN_RUN}', s)}{suffix}" for suffix in variant_suffixes() for s in SEEDS]
+    return [trained_model(MAIN_RUN, s, v) for v in variant_suffixes() for s in SEEDS]
 
 
 def seed_models(seed):
     """The model ids of one training seed (``seed`` may be the wildcard ``{seed}``): the converted
     model, every trained run, the main run's inference variants."""
-    return ([seeded(m, seed) for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
-            + [f"{seeded(f'melt-{MAIN_RUN}', seed)}{suffix}" for suffix in variant_suffixes()])
+    return ([str(ModelId.untrained(seed))] + [trained_model(r, seed) for r in RUNS]
+            + [trained_model(MAIN_RUN, seed, v) for v in variant_suffixes()])
 
 
 def model_prefill(model):
     """The prefill chunk a model id evaluates with (None: token by token, exact for MELT)."""
-    mode = model.partition("@prefill-")[2]
-    return config["eval"].get("prefill_chunk") if not mode else None if mode == "exact" else int(mode[5:])
+    mode = ModelId.parse(model).prefill
+    return config["eval"].get("prefill_chunk") if mode is None else None if mode == "exact" else mode
 
 
 def model_window(model):
     """The sliding window a model id evaluates with (None: the checkpoint's own)."""
-    mode = model.partition("@window-")[2]
-    return int(mode) if mode else None
+    return ModelId.parse(model).window
 
 
 # model ids: the teacher and its sharing baselines once; every MELT model once per training seed
-TEACHER_MODELS = ["ouro"] + [f"ouro-{s}" for s in SHARING]
-MODELS = (TEACHER_MODELS + [seeded(m, s) for s in SEEDS for m in ["melt-untrained"] + [f"melt-{r}" for r in RUNS]]
-          + main_variants() + [f"dense-{d}" for d in DENSE])
-
-
-def split_seed(model):
-    """``melt-elementwise__full-seed1@prefill-chunk8`` -> (``melt-elementwise__full@prefill-chunk8``, 1);
-    a model without a training seed -> (model, None)."""
-    m = re.fullmatch(r"(.*?)-seed(\d+)(@.*)?", model)
-    return (model, None) if m is None else (m[1] + (m[3] or ""), int(m[2]))
+TEACHER_MODELS = [str(ModelId.teacher())] + [str(ModelId.sharing(s)) for s in SHARING]
+MODELS = (TEACHER_MODELS + [m for s in SEEDS for m in seed_models(s) if not ModelId.parse(m).variant]
+          + main_variants() + [str(ModelId.dense(d)) for d in DENSE])
 
 
 def _one_of(names):
@@ -229,15 +228,15 @@ def teacher_dir():
 
 
 def model_checkpoint(model):
-    """Checkpoint directory behind a model id of MODELS."""
-    model, seed = split_seed(model.partition("@")[0])  # a variant (another prefill) uses its checkpoint
-    if model == "ouro" or model.startswith("ouro-"):
+    """Checkpoint directory behind a model id of MODELS (a variant evaluates its model's checkpoint)."""
+    m = ModelId.parse(model)
+    if m.family == "ouro":
         return teacher_dir()
-    if model.startswith("dense-"):
-        return f"{OUT}/checkpoints/{model}"
-    if model == "melt-untrained":
-        return init_dir(config["main_run"]["gate"], seed)
-    return f"{run_dir(model.removeprefix('melt-'), seed)}/final"
+    if m.kind == "dense":
+        return f"{OUT}/checkpoints/{m.checkpoint_id}"
+    if m.kind == "untrained":
+        return init_dir(config["main_run"]["gate"], m.seed)
+    return f"{run_dir(m.run, m.seed)}/final"
 
 
 def eval_outputs():
@@ -331,7 +330,7 @@ def report_settings():
 
 def exit_models():
     """The early-exit sweep's model ids (rule early_exit); ``main`` is the main MELT run."""
-    return [seeded(f"melt-{MAIN_RUN}", SEEDS[0]) if m == "main" else m for m in config["early_exit"]["models"]]
+    return [trained_model(MAIN_RUN, SEEDS[0]) if m == "main" else m for m in config["early_exit"]["models"]]
 
 
 EXIT_MODELS = exit_models()
@@ -340,13 +339,11 @@ EXIT_MODELS = exit_models()
 def model_tags(model):
     """MLflow tags of an eval run: the model, and for a trained MELT run its gate, recipe and the
     phase path whose training run made the checkpoint (the eval links to that run)."""
-    base, _, variant = model.partition("@")
-    base, seed = split_seed(base)
-    tags = {"model": model, **({"variant": variant} if variant else {}), **({"seed": seed} if seed is not None else {})}
-    run = base.removeprefix("melt-")
-    if run in RUNS:
-        gate, recipe = run.split("__")
-        tags |= {"gate": gate, "recipe": recipe, "trained_path": recipe_path(recipe)}
+    m = ModelId.parse(model)
+    tags = {"model": model, **({"variant": m.variant} if m.variant else {}),
+            **({"seed": m.seed} if m.seed is not None else {})}
+    if m.run in RUNS:
+        tags |= {"gate": m.gate, "recipe": m.recipe, "trained_path": recipe_path(m.recipe)}
     return tags
 
 

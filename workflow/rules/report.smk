@@ -22,14 +22,10 @@ rule gather:
         early_exit=f"{OUT}/summary/early_exit.csv",
     params:
         # each (gate, recipe) run and seed: its final checkpoint, and the run dirs of its phases in order
-        runs={seeded(r, s): {"final": f"{run_dir(r, s)}/final", "run": r, "seed": s,
-                             "phases": [phase_dir(r.split("__")[0], p, s)
-                                        for p in path_prefixes(recipe_path(r.split("__")[1]))]}
+        runs={trained_model(r, s): {"final": f"{run_dir(r, s)}/final", "run": r, "seed": s,
+                                    "phases": run_phase_dirs(r, s)}
               for r in RUNS for s in SEEDS},
         untrained={s: init_dir(config["main_run"]["gate"], s) for s in SEEDS},
-        # each model id as (the id without its training seed, the seed or None): the tables average seeds
-        models={m: split_seed(m) for m in MODELS},
-        main_run=f"{config['main_run']['gate']}__{config['main_run']['recipe']}",
         settings=report_settings(),
         mlflow=mlflow_spec("report"),
     log:
@@ -156,8 +152,8 @@ rule plan:
         f"{OUT}/plan.md",
     params:
         config=config,
-        models=MODELS,
-        exit_models=EXIT_MODELS,
+        models={m: ModelId.parse(m).family for m in MODELS},  # whose shape each is costed at
+        exit_models={m: ModelId.parse(m).family for m in EXIT_MODELS},
         phase_jobs=[(f"seed{s}/{g}", p, config["phases"][last_phase(p)[0]]["steps"])
                     for s in SEEDS
                     for g, p in sorted({(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))})],

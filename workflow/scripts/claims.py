@@ -12,6 +12,7 @@ import numpy as np
 # Snakemake runs a copy of this file from .snakemake/scripts; tests import it from here
 sys.path.insert(0, snakemake.scriptdir if "snakemake" in globals() else str(Path(__file__).resolve().parent))
 from common import rule_context
+from model_id import ModelId
 from report_common import Results
 from verdicts import FAILS, HOLDS, INCONCLUSIVE, NA, all_of, beats, near
 
@@ -40,7 +41,8 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
     # The claim holds if any rule of the sweep holds: corrected for the number of rules tried
     # (Bonferroni, which for "at least one holds" decides exactly as Holm), each judged on a
     # 1 - 0.05 / tries interval; the tries are MELT's rules under the budget, every exit gate.
-    tries = int(((df.loop_fraction <= EXIT_BUDGET) & df.model.str.startswith("melt-")).sum()) or 1
+    is_melt = df.model.map(lambda m: ModelId.parse(m).family == "melt")
+    tries = int(((df.loop_fraction <= EXIT_BUDGET) & is_melt).sum()) or 1
     level = 1 - 0.05 / tries
     found = {}
     for (model, variant), g in df.groupby(["model", "variant"], sort=True):
@@ -66,7 +68,7 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
                 f"{full.accuracy:.1f}%, gap {ci}) at {100 * row.loop_fraction:.0f}% of its loop compute "
                 f"({row.mean_loops:.2f} of {row.loops} loops per token), decode {row.speedup:.2f}x tok/s")
 
-    melt = [k for k in found if k[0].startswith("melt-")]
+    melt = [k for k in found if ModelId.parse(k[0]).family == "melt"]
     if not melt:
         return []
     # the claim: any of MELT's exit gates finds such a rule
@@ -106,7 +108,7 @@ def train_speed_claim(train_throughput) -> list[tuple[str, str, str]]:
     """v3 Table 11's chunk-wise/parallel training throughput, 0.105x: "~10x slower" holds when the
     slowest MELT run is within a factor TRAIN_SLOWDOWN_FACTOR of it either way."""
     tt = train_throughput.set_index("model")
-    melt_rows = tt[tt.index.str.startswith("melt-")]
+    melt_rows = tt.drop(index="ouro-parallel", errors="ignore")  # profile rows: melt-C<chunk> beside the baseline
     if not len(melt_rows):
         return []
     worst = melt_rows.ratio_to_ouro.min()
@@ -154,13 +156,14 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                     f"{pct(r.score(r.main_model, long))}; gap Ouro - MELT {ci}", verdict))
     cache_col = long or col  # cache policies (sharing, the window) are judged on long answers where there are any
     qs = lambda model: r.per_question(model, cache_col)  # noqa: E731
-    parts = {v: beats(qs("ouro"), qs(f"ouro-{v}"), qs("ouro")) for v in r.config["baselines"]["sharing"]}
+    parts = {v: beats(qs("ouro"), qs(r.sharing_model(v)), qs("ouro")) for v in r.config["baselines"]["sharing"]}
     out.append(("Untrained KV sharing loses accuracy against Ouro (Table 5: 0.0 for all four variants)"
                 + (" (judged on long answers)" if long else ""),
                 f"{r.columns[cache_col]}: " + "; ".join(
-                    f"{k} {pct(r.score(f'ouro-{k}', cache_col))}, Ouro - {k}: {ci}" for k, (_, ci) in parts.items())
+                    f"{k} {pct(r.score(r.sharing_model(k), cache_col))}, Ouro - {k}: {ci}"
+                    for k, (_, ci) in parts.items())
                 + (f" (short answers, {r.columns[col]}: "
-                   + ", ".join(f"{k} {pct(r.score(f'ouro-{k}', col))}" for k in parts) + ")" if long else ""),
+                   + ", ".join(f"{k} {pct(r.score(r.sharing_model(k), col))}" for k in parts) + ")" if long else ""),
                 all_of([v for v, _ in parts.values()])))
     recipe = r.config["ablations"]["gate_recipe"]
     # v2 (Table 3): element-wise beats every other gate; v3 reports averages where `last` nearly ties
@@ -183,7 +186,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
         # v2: fully parallel training collapses (0.0); v3: it ends below the untrained conversion
         # (AIME24 10.6 vs 14.2, MATH-500 55.0 vs 58.0), so v3's comparison is with melt-untrained
         base = "no_allloop_kd" if r.version == "v2" else "untrained"
-        base_model = r.run_model(gate, base) if base != "untrained" else "melt-untrained"
+        base_model = r.run_model(gate, base) if base != "untrained" else r.untrained
         before, after = q(base_model), q(r.run_model(gate, "no_chunking"))
         verdict, ci = beats(before, after, ouro)
         if before is not None and not np.any(before) and not verdict.startswith(NA):
@@ -197,7 +200,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     out += decode_speed_claim(r.speed, r.memory, r.config["speed_shape"])
     out += train_speed_claim(r.train_throughput)
     for variant in r.main_variants("prefill-"):  # our choice of prefill (eval.compare_prefill)
-        mode = variant.partition("@prefill-")[2]
+        mode = ModelId.parse(variant).prefill
         chunked, exact = (variant, r.main_model) if mode != "exact" else (r.main_model, variant)
         verdict, ci = near(q(chunked), q(exact), 5.0, q(exact))
         out.append(("Ours, not the paper's: MELT prefilled in training-size chunks stays within 5 pts of exact "
@@ -206,7 +209,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                     f"gap exact - chunked {ci}", verdict))
     for variant in r.main_variants("window-"):  # v3's window on the v2-trained main run, at inference
         verdict, ci = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"))
-        w = variant.rpartition("-")[2]
+        w = ModelId.parse(variant).window
         out.append((f"Ours, not the paper's: v3's sliding window (W = {w}), applied at inference to the main run "
                     "trained without one, stays within 5 pts of it",
                     f"{r.columns[cache_col]}: window {pct(r.score(variant, cache_col))}, "

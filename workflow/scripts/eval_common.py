@@ -1,6 +1,8 @@
 """What the eval and early_exit rules share: the model a model id names, loaded on the job's
 device with its cache mode, and the backend that evaluates it."""
 
+from model_id import ModelId
+
 from melt_core.evaluate import (
     ModelSpec,
     evaluate,
@@ -25,9 +27,9 @@ def load_eval_model(sm, log, task_cfg: dict, model_id: str | None = None, member
                         "tags": (sm.params.mlflow or {}).get("tags", {})}
     spec = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
                      window=member["window"], batching=sm.params.batching, **spec_kw)
-    if model_id.startswith("ouro-"):
-        mode = model_id.removeprefix("ouro-")
-        spec.cache_mode, spec.keep_prompt = mode.removesuffix("+prompt"), mode.endswith("+prompt")
+    parsed = ModelId.parse(model_id)
+    if parsed.kind == "sharing":
+        spec.cache_mode, spec.keep_prompt = parsed.sharing_cache
     device = resolve_device(sm.params.device)
     dtype = resolve_dtype(sm.params.dtype, device)
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,

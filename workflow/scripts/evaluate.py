@@ -3,9 +3,8 @@ seed's; eval_teacher: the teacher and its sharing baselines; else one) on each o
 task or shard), a model loaded once for its tasks -> one results JSON, log and MLflow run per (model,
 task), with per-sample details and metrics.
 
-Model ids: ouro (teacher, per-loop cache), ouro-{first,last}-loop[+prompt] (the untrained
-sharing baselines of Table 5), melt-untrained (converted, no training), melt-{gate}__{recipe},
-dense-{name} (a dense hub baseline such as Qwen3-1.7B, sampled by the same code).
+Model ids as workflow/scripts/model_id.py writes them (the teacher, its untrained sharing
+baselines, converted and trained MELT, dense baselines sampled by the same code).
 Tasks: a local JSONL (`path`, or the embedded task's `split`) or lighteval's own definition
 (`lighteval: <module>/<task>`, data fetched by rule benchmark_data).
 """

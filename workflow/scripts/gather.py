@@ -10,6 +10,7 @@ import torch
 
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
+from model_id import ModelId
 from verdicts import paired_interval
 
 from melt_core.checkpoint import load_pretrained
@@ -29,9 +30,10 @@ with rule_context(sm, "report"):
     rows = []
     for path in sm.input.evals:
         r = read_json(path)
-        base, seed = sm.params.models[r["model"]["name"]]
+        model = ModelId.parse(r["model"]["name"])  # the tables average a model's training seeds
         for metric, value in r["metrics"].items():
-            rows.append({"model": base, "seed": seed, "model_id": r["model"]["name"], "task": r["task"]["name"],
+            rows.append({"model": str(model.across_seeds), "seed": model.seed, "model_id": r["model"]["name"],
+                         "task": r["task"]["name"],
                          "metric": metric,
                          "value": 100 * value, "n_questions": r["n_questions"],
                          "generated_tokens": r["generated_tokens"], "seconds": r["seconds"]})

@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
+from model_id import ModelId, parse_run
 from report_common import Results
 
 sm = snakemake
@@ -24,7 +25,16 @@ STYLES = [(c, ls) for ls in ("-", "--", ":", "-.") for c in plt.get_cmap("tab10"
 
 
 def run_label(run: str) -> str:
-    return run.replace("__", " / ")  # elementwise__full -> "elementwise / full"
+    return " / ".join(parse_run(run))  # elementwise__full -> "elementwise / full"
+
+
+def model_label(model: str) -> str:
+    """melt-elementwise__full-seed0 -> "elementwise / full, seed 0"; other ids as they are."""
+    m = ModelId.parse(model)
+    if m.kind != "trained":
+        return model
+    seed = f", seed {m.seed}" if m.seed is not None else ""
+    return run_label(m.run) + seed + (f" @{m.variant}" if m.variant else "")
 
 
 def figure1_pareto(r: Results, ax):
@@ -33,7 +43,7 @@ def figure1_pareto(r: Results, ax):
     kv = r.memory.set_index("shape")["kv_mb_per_token_measured"]
     points = [("Ouro (per-loop cache)", "ouro", kv.get("ouro-1.4b")), ("MELT (main run)", r.main_model,
                                                                          kv.get("melt-1.6b"))]
-    points += [(f"Ouro, {v} sharing (untrained)", f"ouro-{v}", kv.get("melt-1.6b"))
+    points += [(f"Ouro, {v} sharing (untrained)", r.sharing_model(v), kv.get("melt-1.6b"))
                for v in r.config["baselines"]["sharing"]]
     markers = "osD^v<>p"
     for i, (label, model, mem) in enumerate(points):
@@ -76,7 +86,7 @@ def training_curves(r: Results, ax):
             align = df.groupby("step")["align"].mean()
             ax.plot(align.index, align.where(align > 0), color=colour, lw=1, ls="--",
                     label=f"{run_label(run)}: alignment")
-    main = r.curves[r.curves["run"] == r.main_model.removeprefix("melt-")]
+    main = r.curves[r.curves["run"] == ModelId.parse(r.main_model).run]
     main = main[main["seed"] == main["seed"].min()]
     for step in main["step"][main["phase"] != main["phase"].shift()].iloc[1:]:
         ax.axvline(step - 0.5, color="gray", lw=0.8, ls=":")
@@ -121,7 +131,7 @@ def ablation_accuracy(r: Results, ax):
     the mean over training seeds with its 95% interval, beside the teacher and the untrained model."""
     col = "MATH-500"
     gate, recipe = r.config["main_run"]["gate"], r.config["ablations"]["gate_recipe"]
-    bars = [("Ouro (teacher)", "ouro", "black"), ("untrained", "melt-untrained", "gray")]
+    bars = [("Ouro (teacher)", "ouro", "black"), ("untrained", r.untrained, "gray")]
     bars += [(f"gate: {g}", r.run_model(g, recipe), STYLES[0][0]) for g in r.config["ablations"]["gates"]]
     bars += [(f"recipe: {x}", r.run_model(gate, x), STYLES[1][0]) for x in r.config["ablations"]["recipes"]]
     shown = [(label, r.estimate(model, col), colour) for label, model, colour in bars]
@@ -162,7 +172,7 @@ def early_exit_tradeoff(r: Results, ax):
         color, ls = STYLES[i]
         g = g.sort_values("mean_loops")
         ax.plot(g.mean_loops, g.accuracy, color=color, linestyle=ls, linewidth=1,
-                label=f"{model.removeprefix('melt-').replace('__', ' / ')} ({variant})")
+                label=f"{model_label(model)} ({variant})")
         for fixed, marker in ((False, "o"), (True, "s")):
             pts = g[g.rule.str.startswith("exit at loop") == fixed]
             ax.errorbar(pts.mean_loops, pts.accuracy, yerr=[pts.accuracy - pts.ci_lo, pts.ci_hi - pts.accuracy],
@@ -187,10 +197,9 @@ def accuracy_vs_length(r: Results, ax):
     longest = r.answer_length(col)
     step = max(1, longest // 24)
     lengths = sorted({*range(step, longest + 1, step), longest})
-    models = ["ouro", *(f"ouro-{v}" for v in r.config["baselines"]["sharing"]), r.main_model,
-              *r.main_variants(), "melt-untrained"]
+    models = ["ouro", *r.sharing_models(), r.main_model, *r.main_variants(), r.untrained]
     labels = {"ouro": "Ouro teacher (per-loop cache)", r.main_model: "MELT (main run)",
-              "melt-untrained": "MELT, converted, untrained"}
+              r.untrained: "MELT, converted, untrained"}
     for i, model in enumerate(models):
         points = [(n, r.prefix_match(model, col, n)) for n in lengths]
         points = [(n, interval(scores)) for n, scores in points if scores is not None]
@@ -198,8 +207,9 @@ def accuracy_vs_length(r: Results, ax):
             continue
         color, ls = STYLES[i]
         xs, (mean, lo, hi) = [n for n, _ in points], zip(*(iv for _, iv in points))
-        label = labels.get(model) or (f"Ouro, untrained {model.removeprefix('ouro-')} sharing"
-                                      if model.startswith("ouro-") else f"MELT (main run), {model.partition('@')[2]}")
+        m = ModelId.parse(model)
+        label = labels.get(model) or (f"Ouro, untrained {m.name} sharing" if m.kind == "sharing"
+                                      else f"MELT (main run), {m.variant}")
         ax.plot(xs, mean, color=color, linestyle=ls, linewidth=1.4, label=label)
         ax.fill_between(xs, lo, hi, color=color, alpha=0.12, linewidth=0)
     from matplotlib.ticker import MaxNLocator

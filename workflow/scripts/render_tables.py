@@ -9,6 +9,7 @@ import pandas as pd
 
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
+from model_id import ModelId
 from report_common import Estimate, Results, diff, expand_estimates
 
 sm = snakemake
@@ -82,7 +83,7 @@ def table4_recipe(r: Results) -> tuple[pd.DataFrame, str]:
         rows.append({"recipe (cumulative removal)": recipe,
                      **bench_columns(r, r.run_model(gate, recipe), paper, ("AIME24", "MATH-500"))})
     rows.append({"recipe (cumulative removal)": "untrained (conversion only)",
-                 **bench_columns(r, "melt-untrained", r.paper["table4_recipe"].get("untrained", {}),
+                 **bench_columns(r, r.untrained, r.paper["table4_recipe"].get("untrained", {}),
                                  ("AIME24", "MATH-500"))})
     return pd.DataFrame(rows), (f"Table 4: training-recipe ablation, {gate} gate (percent; paper {r.version}). "
                                 f"{SEEDS_NOTE(r)} {r.note}")
@@ -96,13 +97,15 @@ def table5_sharing(r: Results) -> tuple[pd.DataFrame, str]:
     rows = [{"variant": "ouro (full per-loop cache)", "MATH-500 ours": r.estimate("ouro", "MATH-500"),
              "AIME24 ours": r.estimate("ouro", "AIME24"), **extra("ouro")}]
     for variant, paper in r.paper["table5_sharing"].items():
-        ours = r.estimate(f"ouro-{variant}", "MATH-500")
+        ours = r.estimate(r.sharing_model(variant), "MATH-500")
         rows.append({"variant": variant, f"paper {r.version} (all math)": paper, "MATH-500 ours": ours,
                      "MATH-500 diff": None if r.stand_in("MATH-500") else diff(ours, paper),
-                     "AIME24 ours": r.estimate(f"ouro-{variant}", "AIME24"), **extra(f"ouro-{variant}")})
+                     "AIME24 ours": r.estimate(r.sharing_model(variant), "AIME24"),
+                     **extra(r.sharing_model(variant))})
     if long:
         for model in [r.main_model, *r.main_variants()]:
-            rows.append({"variant": f"MELT main run{' ' + model.partition('@')[2] if '@' in model else ''}",
+            how = ModelId.parse(model).variant
+            rows.append({"variant": f"MELT main run{' ' + how if how else ''}",
                          "MATH-500 ours": r.estimate(model, "MATH-500"), "AIME24 ours": r.estimate(model, "AIME24"),
                          **extra(model)})
     df = pd.DataFrame(rows)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from model_id import ModelId
 from verdicts import interval
 
 
@@ -28,6 +29,8 @@ class Estimate:
 
 
 class Results:
+    untrained = str(ModelId.untrained())  # the converted, untrained MELT model (across seeds)
+
     def __init__(self, config: dict, paper_values: str):
         self.config = config
         self.out = Path(config["outdir"])
@@ -55,7 +58,7 @@ class Results:
         self._read: dict[tuple[str, str], list[dict] | None] = {}  # each eval's details, read once
         self.long_column = config["report"].get("long_column")  # a column whose answers are long
         main = config["main_run"]
-        self.main_model = f"melt-{main['gate']}__{main['recipe']}"
+        self.main_model = self.run_model(main["gate"], main["recipe"])
 
     def _rows(self, model: str, paper_column: str) -> pd.DataFrame | None:
         spec = self.columns.get(paper_column)
@@ -144,18 +147,22 @@ class Results:
     def main_variants(self, kind: str = "") -> list[str]:
         """The main run's inference variants that were evaluated (``@prefill-...``, ``@window-W``;
         ``kind`` e.g. ``window`` picks one kind), in order of kind and then number."""
-        prefix = f"{self.main_model}@{kind}"
-        found = [m for m in self.evals.model.unique() if m.startswith(prefix)]
+        ids = [ModelId.parse(m) for m in self.evals.model.unique()]
+        found = [m for m in ids if m.variant.startswith(kind) and m.variant and str(m.checkpoint_id) == self.main_model]
+        return [str(m) for m in sorted(found, key=ModelId.variant_sort_key)]
 
-        def key(model):
-            suffix = model.partition("@")[2]
-            name, number = re.fullmatch(r"(.*?)(\d*)", suffix).groups()
-            return name, int(number) if number else -1
+    @staticmethod
+    def run_model(gate: str, recipe: str) -> str:
+        """The model id (across seeds) of the run of ``gate`` with ``recipe``."""
+        return str(ModelId.trained(gate, recipe))
 
-        return sorted(found, key=key)
+    @staticmethod
+    def sharing_model(mode: str) -> str:
+        """The model id of Ouro with the untrained KV-sharing cache ``mode``."""
+        return str(ModelId.sharing(mode))
 
-    def run_model(self, gate: str, recipe: str) -> str:
-        return f"melt-{gate}__{recipe}"
+    def sharing_models(self) -> list[str]:
+        return [self.sharing_model(v) for v in self.config["baselines"]["sharing"]]
 
 
 def diff(ours, paper):
