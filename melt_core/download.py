@@ -15,6 +15,7 @@ from .checkpoint import (
     CheckpointError,
     _atomic_dir,
     check_digests,
+    check_state_dict,
     read_config,
     read_state_dict,
     sha256_file,
@@ -37,8 +38,6 @@ def verify(path: str | Path, expected: dict[str, str] | None) -> None:
     path = Path(path)
     check_digests(path, expected or {}, "the config's sha256 manifest",
                   "the download is corrupt or the revision changed; delete it and fetch again")
-    from .checkpoint import check_state_dict
-
     state = read_state_dict(path)  # every tensor readable
     model_type = json.loads((path / "config.json").read_text()).get("model_type") \
         if (path / "config.json").is_file() else None

@@ -33,14 +33,21 @@ tests/test_lighteval.py):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import json
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from lighteval.models.abstract_model import LightevalModel
 from lighteval.models.abstract_model import ModelConfig as LightevalModelConfig
+from lighteval.models.model_input import GenerationParameters
 from lighteval.models.model_output import ModelResponse
 from lighteval.tasks.requests import Doc
 from lighteval.utils.cache_management import SampleCache
@@ -49,8 +56,11 @@ from .checkpoint import CheckpointError
 from .config import ConfigError
 from .data import load_tokenizer, prompt_text, stop_token_ids
 from .early_exit import ExitRule
-from .evaluate import ModelSpec, load_model
+from .evaluate import TaskSpec, prepare, task_exit_rule, write_result
 from .generate import SamplingParams, generate
+from .inference import ModelSpec, load_model
+from .lighteval_tasks import builtin_task_configs, sample_correct, task_config, task_rows, tasks_module
+from .tracking import NullLogger, stamp
 
 
 def weights_digest(path: str | Path) -> str:
@@ -68,34 +78,30 @@ def weights_digest(path: str | Path) -> str:
 
 
 class MeltModelConfig(LightevalModelConfig):
-    """``template``: the chat template that turns a task's question into the model's prompt
-    (melt_core.data.TEMPLATES); None takes each doc's query as the finished prompt."""
+    """lighteval's view of one of our models: the model as evaluation runs it (``spec``: checkpoint,
+    cache and prefill mode, memory budget, batching, the exit rule as resolved for the task), plus
+    what lighteval's side needs. ``template``: the chat template that turns a task's question into
+    the model's prompt (melt_core.data.TEMPLATES); None takes each doc's query as the finished
+    prompt."""
 
-    checkpoint: str
+    spec: ModelSpec
     template: str | None = None
-    cache_mode: str = "default"
-    keep_prompt: bool = False
-    prefill_chunk: int | None = None
     seed: int = 0
     batch_size: int = 16
     device: str = "cpu"
-    memory_budget_gb: float | None = None  # batches no larger than what fits (generate.plan_batch)
-    batching: str = "continuous"  # finished rows refilled at once, or "static" (generate())
-    exit: dict | None = None  # early-exit rule (melt_core.early_exit.ExitRule); None: every loop
 
 
-def melt_model_config(checkpoint: str | Path, name: str, **kw) -> MeltModelConfig:
+def melt_model_config(spec: ModelSpec, **kw) -> MeltModelConfig:
     """A config whose model_name carries the weights' digest, so lighteval's cache can't go stale."""
-    return MeltModelConfig(model_name=f"{name}@{weights_digest(checkpoint)}", checkpoint=str(checkpoint), **kw)
+    return MeltModelConfig(model_name=f"{spec.name}@{weights_digest(spec.path)}", spec=spec, **kw)
 
 
 class MeltLightevalModel(LightevalModel):
     def __init__(self, config: MeltModelConfig, model=None):
-        """``model``: the checkpoint at ``config.checkpoint`` already loaded (else it is loaded here)."""
+        """``model``: the checkpoint of ``config.spec`` already loaded (else it is loaded here)."""
         self.config = config
-        self.model = model if model is not None else load_model(ModelSpec(config.model_name, config.checkpoint),
-                                                                device=config.device)
-        self._tokenizer = load_tokenizer(config.checkpoint)
+        self.model = model if model is not None else load_model(config.spec, device=config.device)
+        self._tokenizer = load_tokenizer(config.spec.path)
         self._cache = SampleCache(config)  # the pipeline expects one; greedy_until never reads it
         self.loops: dict[str, list[int]] = {}  # prompt text -> loops run for each sample's tokens
 
@@ -147,13 +153,13 @@ class MeltLightevalModel(LightevalModel):
         for i, doc in enumerate(docs):
             groups.setdefault(self._sampling(doc, len(prompts[i])), []).append(i)
         responses: list[ModelResponse | None] = [None] * len(docs)
+        spec = self.config.spec
+        rule = None if spec.exit is None else ExitRule.from_dict(spec.exit)
         for params, idx in groups.items():
-            outs = generate(self.model, [prompts[i] for i in idx], params, cache_mode=self.config.cache_mode,
-                            keep_prompt=self.config.keep_prompt, prefill_chunk=self.config.prefill_chunk,
+            outs = generate(self.model, [prompts[i] for i in idx], params, cache_mode=spec.cache_mode,
+                            keep_prompt=spec.keep_prompt, prefill_chunk=spec.prefill_chunk,
                             tokenizer=self._tokenizer, batch_size=self.config.batch_size,
-                            memory_budget_bytes=None if self.config.memory_budget_gb is None
-                            else int(self.config.memory_budget_gb * 1e9), batching=self.config.batching,
-                            exit_rule=None if self.config.exit is None else ExitRule.from_dict(self.config.exit))
+                            memory_budget_bytes=spec.memory_budget_bytes, batching=spec.batching, exit_rule=rule)
             for i, samples in zip(idx, outs):
                 self.loops[texts[i]] = [sum(o.loops or []) for o in samples]
                 responses[i] = ModelResponse(input=texts[i], input_tokens=prompts[i], text=[o.text for o in samples],
@@ -169,7 +175,7 @@ class MeltLightevalModel(LightevalModel):
             for choice in doc.choices:
                 cont = self.tok_encode(choice)
                 ids = torch.tensor([context + cont])
-                logits = self.model(ids, chunk_size=self.config.prefill_chunk).logits[0, len(context) - 1:-1]
+                logits = self.model(ids, chunk_size=self.config.spec.prefill_chunk).logits[0, len(context) - 1:-1]
                 lp = F.log_softmax(logits.float(), -1)
                 target = torch.tensor(cont)
                 logprobs.append(float(lp.gather(-1, target[:, None]).sum()))
@@ -219,3 +225,56 @@ def build_pipeline(model_config: MeltModelConfig, tasks: str, output_dir: str | 
     with only_builtin_task_modules(set()):
         return Pipeline(tasks=tasks, pipeline_parameters=params, evaluation_tracker=tracker,
                         model=MeltLightevalModel(model_config, model))
+
+
+def evaluate_lighteval(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: int = 0,
+                       batch_size: int = 64, logger=None, device: str = "cpu", model=None) -> dict[str, Any]:
+    """The evaluation through lighteval's Pipeline: the same JSON as melt_core.evaluate.evaluate.
+    Runs local JSONL tasks and lighteval's own task definitions alike."""
+    logger = logger or NullLogger()
+    records = prepare(model_spec, task)  # fail on bad input before lighteval starts
+    if records is not None and not records:  # an empty shard
+        return write_result(out_path, model_spec, task, seed, [], 0.0, logger, backend="lighteval")
+    rule = task_exit_rule(model, model_spec, task)
+    config = melt_model_config(
+        dataclasses.replace(model_spec, exit=rule.as_dict() if rule else None), seed=seed, batch_size=batch_size,
+        device=device, template=task.template,
+        generation_parameters=GenerationParameters(temperature=0.0 if task.greedy else task.temperature,
+                                                   top_p=task.top_p))
+    with tempfile.TemporaryDirectory() as tmp:
+        if task.lighteval:
+            configs = builtin_task_configs(task.lighteval_spec())
+            if task.shard is not None and not any(task_rows(c) for c in configs):  # an empty shard
+                return write_result(out_path, model_spec, task, seed, [], 0.0, logger, backend="lighteval")
+        else:
+            data_dir = Path(tmp) / "data"
+            data_dir.mkdir()
+            with (data_dir / "test.jsonl").open("w") as fh:  # a folder holding just this split
+                fh.writelines(json.dumps(r) + "\n" for r in records)
+            configs = [task_config({"name": task.name, "data_dir": str(data_dir), "split": "test",
+                                    "samples": task.samples, "ks": task.ks, "answer_style": task.answer_style,
+                                    "max_new_tokens": task.max_new_tokens})]
+        stamp(f"eval {model_spec.name} {task.name}: {task.samples} samples per question, up to "
+              f"{task.max_new_tokens} new tokens, batch {batch_size}, {device}")
+        t0 = time.perf_counter()
+        limit = task.limit if task.lighteval else None  # (a JSONL task's records are already limited)
+        pipeline = build_pipeline(config, ",".join(f"{c.name}|0" for c in configs), Path(tmp) / "lighteval",
+                                  custom_tasks=tasks_module(configs), max_samples=limit, model=model)
+        pipeline.evaluate()
+        seconds = time.perf_counter() - t0
+        loops = pipeline.model.loops  # prompt text -> loops run per sample
+        logged = pipeline.evaluation_tracker.details_logger.details
+        shutil.rmtree(Path(tmp) / "lighteval", ignore_errors=True)
+    by_name = {f"{c.name}|0": c for c in configs}  # lighteval keys details by "<task>|<few-shots>"
+    details = []
+    for key, rows in sorted(logged.items()):
+        cfg = by_name[key]
+        for row in rows:
+            texts = list(row.model_response.text)
+            scored = row.model_response.final_text  # what the metrics scored (lighteval may strip reasoning)
+            details.append({"task": cfg.name, "prompt": row.doc.query, "gold": row.doc.get_golds()[0],
+                            "completions": texts, "correct": [sample_correct(cfg, row.doc, t) for t in scored],
+                            "generated_tokens": [len(t) for t in row.model_response.output_tokens],
+                            "loops": loops.get(row.model_response.input, [0] * len(texts)),
+                            "scores": {k: float(v) for k, v in row.metric.items()}})
+    return write_result(out_path, model_spec, task, seed, details, seconds, logger, backend="lighteval")

@@ -43,9 +43,12 @@ from lighteval.tasks.lighteval_task import LightevalTaskConfig
 from lighteval.tasks.requests import Doc, SamplingMethod
 
 # absolute imports: lighteval may load this file by path, outside its package
+from melt_core.code_tasks import PassesTests, humaneval_prompt
 from melt_core.config import ConfigError
 from melt_core.data import DataError, normalise
+from melt_core.inference import in_shard
 from melt_core.metrics import extract_answer
+from melt_core.sandbox import BWRAP_PATHS, SandboxUnavailable, available, self_test
 
 # built-in modules that act at import time (downloads, hub queries): never imported
 UNSAFE_MODULES = {"tiny_benchmarks", "mt_bench", "mix_eval"}
@@ -211,8 +214,6 @@ def builtin_modules() -> list[str]:
 
 def project_tasks() -> list[LightevalTaskConfig]:
     """The benchmarks lighteval does not define, as module ``melt``."""
-    from melt_core.code_tasks import PassesTests, humaneval_prompt
-
     return [LightevalTaskConfig(name="humaneval_plus", prompt_function=humaneval_prompt,
                                 hf_repo="evalplus/humanevalplus", hf_subset="default", hf_avail_splits=["test"],
                                 evaluation_splits=["test"], generation_size=32_768, stop_sequence=[],
@@ -324,14 +325,12 @@ class PurePrompt:
 
 
 class InShard:
-    """A dataset filter keeping the rows of one shard (melt_core.evaluate.in_shard), after ``inner``."""
+    """A dataset filter keeping the rows of one shard (melt_core.inference.in_shard), after ``inner``."""
 
     def __init__(self, shard: list[int], inner=None):
         self.shard, self.inner = shard, inner
 
     def __call__(self, row: dict) -> bool:
-        from melt_core.evaluate import in_shard
-
         return (self.inner is None or self.inner(row)) and in_shard(dict(row), self.shard)
 
 
@@ -395,8 +394,6 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
         raise ConfigError(f"{where}: scoring HumanEval+ runs the model's code (in a bubblewrap sandbox: no "
                           "network, no host files, limits); opt in with `allow_code_execution: true`")
     if runs_code and not spec.get("unsafe_no_sandbox"):
-        from .sandbox import BWRAP_PATHS, SandboxUnavailable, available, self_test
-
         if not available():
             raise SandboxUnavailable(f"{where}: HumanEval+ runs the model's code, and bubblewrap (bwrap) is not "
                                      f"installed on this machine ({' or '.join(BWRAP_PATHS)}): install it "
@@ -427,8 +424,6 @@ def builtin_task_configs(spec: dict) -> list[LightevalTaskConfig]:
         fn = _scorer(base, spec.get("metric"), where)
         scoring = fn.compute_score if isinstance(fn, SamplingMetric) else fn.compute
         if base.name == "humaneval_plus":
-            from melt_core.code_tasks import PassesTests
-
             scoring = PassesTests(unsafe_no_sandbox=bool(spec.get("unsafe_no_sandbox")))
         metrics = pass_at_k_metrics(scoring, spec.get("ks", [1]), spec.get("samples", 1),
                                     normalize=getattr(fn, "normalize", None),

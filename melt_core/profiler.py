@@ -25,8 +25,10 @@ import torch
 from torch import Tensor
 
 from .cache import KVCache
+from .checkpoint import melt_from_ouro
 from .config import ConfigError, ModelConfig
 from .early_exit import ExitRule, decode_step
+from .losses import kd_loss_sum
 from .model import LoopedLM
 
 GB = 1e9  # decimal GB, as the paper's tables
@@ -309,9 +311,6 @@ def train_throughput(shape_cfg: ModelConfig, seq_len: int, batch: int, chunk_siz
                      steps: int = 3, dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[dict]:
     """Tokens/s of one training step (forward + KD + backward) of chunk-wise MELT at each C against
     parallel Ouro distillation of the same shape, sequence length and batch, side by side."""
-    from .checkpoint import melt_from_ouro
-    from .losses import kd_loss_sum
-
     teacher = build_random(shape_cfg, dtype, device)
     ouro_student = build_random(shape_cfg, dtype, device, seed=1).train()
     melt = melt_from_ouro(teacher).to(device=device, dtype=dtype).train()

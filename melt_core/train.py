@@ -42,7 +42,7 @@ from . import checkpoint as ck
 from .config import ConfigError, ModelConfig
 from .data import PackedData, load_mixture, load_tokenizer
 from .losses import alignment_loss_sum, kd_loss_sum, token_count
-from .tracking import NullLogger, config_hash, make_logger, stamp
+from .tracking import NullLogger, config_hash, data_digest, make_logger, stamp
 
 
 @dataclass
@@ -598,8 +598,6 @@ class TeacherCache:
     def open(cls, cfg: TrainConfig, d: Dist, device: torch.device, micro: int) -> TeacherCache | None:
         if not cfg.teacher_cache:
             return None
-        from .tracking import data_digest
-
         data = dataclasses.asdict(cfg.data)
         data.pop("loss_on")  # a mask on the loss, not on the teacher's logits
         for s in data["sources"]:

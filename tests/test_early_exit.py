@@ -194,16 +194,17 @@ def test_exit_gate_loss_teaches_stopping_where_loops_stop_helping():
 def test_a_checkpoints_own_exit_defaults_are_used_not_ignored(ouro):
     """The reference code's early_exit_threshold / early_exit_step (a 0-based loop) are the exit a
     checkpoint asks for when the eval names none; the model's and the task's settings go over them."""
-    from melt_core.evaluate import ModelSpec, TaskSpec, _exits, exit_rule
+    from melt_core.evaluate import TaskSpec, task_exit_rule
+    from melt_core.inference import ModelSpec, exit_rule
 
     spec, task = ModelSpec("ouro", "x"), TaskSpec(name="t", path="x")
-    assert exit_rule(spec, task, ouro.config) == ExitRule()  # the shipped 1.0: every loop
+    assert exit_rule(spec, task.exit, ouro.config) == ExitRule()  # the shipped 1.0: every loop
     stepped = ouro.config.replace(early_exit_step=1)
-    assert exit_rule(spec, task, stepped) == ExitRule(exit_at_loop=2)
-    assert exit_rule(spec, task, ouro.config.replace(early_exit_threshold=0.6)) == ExitRule(q=0.6)
-    assert exit_rule(spec, TaskSpec(name="t", path="x", exit={"exit_at_loop": 3}), stepped) == ExitRule(exit_at_loop=3)
+    assert exit_rule(spec, task.exit, stepped) == ExitRule(exit_at_loop=2)
+    assert exit_rule(spec, task.exit, ouro.config.replace(early_exit_threshold=0.6)) == ExitRule(q=0.6)
+    assert exit_rule(spec, {"exit_at_loop": 3}, stepped) == ExitRule(exit_at_loop=3)
     ouro.config = stepped
-    assert _exits(ouro, spec, task) == ExitRule(exit_at_loop=2)
+    assert task_exit_rule(ouro, spec, task) == ExitRule(exit_at_loop=2)
     for bad in ({"early_exit_threshold": 0.0}, {"early_exit_threshold": 1.5}, {"early_exit_step": 4},
                 {"early_exit_step": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):

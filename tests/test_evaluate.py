@@ -12,7 +12,8 @@ import melt_core
 from melt_core.checkpoint import CheckpointError
 from melt_core.config import ConfigError
 from melt_core.data import DataError, load_tokenizer, read_jsonl
-from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, load_model
+from melt_core.evaluate import TaskSpec, evaluate
+from melt_core.inference import ModelSpec, load_model
 from melt_core.metrics import extract_answer, pass_at_k
 
 

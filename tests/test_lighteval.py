@@ -14,8 +14,9 @@ from lighteval.tasks.requests import Doc
 from train_helpers import tiny_setup
 
 import melt_core
-from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval
-from melt_core.lighteval_adapter import MeltLightevalModel, melt_model_config, weights_digest
+from melt_core.evaluate import TaskSpec, evaluate
+from melt_core.inference import ModelSpec
+from melt_core.lighteval_adapter import MeltLightevalModel, evaluate_lighteval, melt_model_config, weights_digest
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,8 @@ def test_early_exit_set_per_task_is_scored_and_counted_by_both_routes(setup):
 
 
 def model(path, **gen):
-    cfg = melt_model_config(path, "m", generation_parameters=GenerationParameters(**gen), seed=gen.pop("seed", 0))
+    cfg = melt_model_config(ModelSpec("m", str(path)), generation_parameters=GenerationParameters(**gen),
+                            seed=gen.pop("seed", 0))
     return MeltLightevalModel(cfg)
 
 
@@ -92,7 +94,7 @@ def test_cache_key_follows_the_weights(setup, tmp_path):
         retrained.lm_head.weight.mul_(2)
     melt_core.save_pretrained(retrained, copy, write_extra=melt_core.data.load_tokenizer(teacher).save_pretrained)
     assert weights_digest(copy) != before
-    assert melt_model_config(copy, "m").model_name != f"m@{before}"
+    assert melt_model_config(ModelSpec("m", str(copy))).model_name != f"m@{before}"
 
 
 @pytest.mark.parametrize("route, n", [(evaluate, 3), (evaluate_lighteval, 3), (evaluate, 20), (evaluate_lighteval, 20)])
@@ -100,7 +102,8 @@ def test_sharded_questions_merge_into_the_unsharded_result(setup, route, n):
     """A task split over n jobs by a hash of each question, merged, is the unsharded result: the same
     questions, completions and pass@k (sampled: per-sample random streams do not see the shard); more
     shards than questions leave some empty, which merge as nothing."""
-    from melt_core.evaluate import in_shard, merge_shards
+    from melt_core.evaluate import merge_shards
+    from melt_core.inference import in_shard
 
     root, paths, _, student = setup
     spec = ModelSpec("melt", str(student))

@@ -14,9 +14,10 @@ import melt_core
 from melt_core.config import ConfigError
 from melt_core.data import DataError, build_char_tokenizer
 from melt_core.dense import DenseLM
-from melt_core.evaluate import ModelSpec, TaskSpec, evaluate, evaluate_lighteval
+from melt_core.evaluate import TaskSpec, evaluate
 from melt_core.generate import SamplingParams, generate
-from melt_core.lighteval_adapter import MeltLightevalModel
+from melt_core.inference import ModelSpec
+from melt_core.lighteval_adapter import MeltLightevalModel, evaluate_lighteval
 from melt_core.metrics import pass_at_k
 
 AIME_ROWS = [{"id": i, "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(1, 7)]

@@ -3,15 +3,9 @@ device with its cache mode, and the backend that evaluates it."""
 
 from model_id import ModelId
 
-from melt_core.evaluate import (
-    ModelSpec,
-    evaluate,
-    evaluate_lighteval,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-    resolve_memory_budget,
-)
+from melt_core.evaluate import evaluate
+from melt_core.inference import ModelSpec, load_model, resolve_device, resolve_dtype, resolve_memory_budget
+from melt_core.lighteval_adapter import evaluate_lighteval
 
 
 def load_eval_model(sm, log, task_cfg: dict, model_id: str | None = None, member: dict | None = None, model=None,
