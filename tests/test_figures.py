@@ -41,8 +41,10 @@ def results(stand_in="digit_sum/pass@1"):
     curves = pd.DataFrame([{"run": r, "seed": seed, "step": s, "kd": 0.1 / s + seed, "align": 0.01 if s > 3 else 0.0,
                             "phase": "phase1" if s <= 3 else "phase2"}
                            for r in runs for seed in (0, 1) for s in range(1, 6)])
-    gates = pd.DataFrame([{"run": r, "seed": seed, "gate": r.split("__")[0], "layer": layer, "loop": t, "mean_z": 0.5}
-                          for r in runs for seed in (0, 1) for layer in range(2) for t in range(1, 5)])
+    # as gather writes them: each run's gate, and the converted model as the reference run "untrained"
+    gates = pd.DataFrame([{"run": r, "seed": seed, "gate": r.split("__")[0] if r != "untrained" else "elementwise",
+                           "layer": layer, "loop": t, "mean_z": 0.5}
+                          for r in [*runs, "untrained"] for seed in (0, 1) for layer in range(2) for t in range(1, 5)])
     scores = {"ouro": 90.0, "melt-elementwise__full": 85.0}
     return types.SimpleNamespace(
         memory=pd.DataFrame({"shape": ["ouro-1.4b", "melt-1.6b"], "kv_mb_per_token_measured": [0.786, 0.197]}),
@@ -117,7 +119,8 @@ def test_gate_values_learned_gates_only_in_distinct_styles(figures):
     fig, ax = draw(figures, "gate_values", results())
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert not any(label.startswith(("ema", "mean", "last")) for label in labels)  # constants are not learned gates
-    assert len(labels) == 3 * 2 and distinct_styles(ax)  # elementwise x2 runs, scalar: 3 runs x 2 layers
+    assert len(labels) == 4 * 2 and distinct_styles(ax)  # elementwise x2 runs, scalar, untrained: 4 x 2 layers
+    assert "untrained, layer 0" in labels
     assert ax.xaxis.get_major_locator()._integer
     plt.close(fig)
 

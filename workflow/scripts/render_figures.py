@@ -25,7 +25,8 @@ STYLES = [(c, ls) for ls in ("-", "--", ":", "-.") for c in plt.get_cmap("tab10"
 
 
 def run_label(run: str) -> str:
-    return " / ".join(parse_run(run))  # elementwise__full -> "elementwise / full"
+    """elementwise__full -> "elementwise / full"; gather's reference row "untrained" as it is."""
+    return run if run == "untrained" else " / ".join(parse_run(run))
 
 
 def model_label(model: str) -> str:
