@@ -6,7 +6,7 @@ from pathlib import Path, PurePosixPath
 from snakemake.utils import validate
 
 
-validate(config, schema="../schemas/config.schema.yaml")
+validate(config, schema="../schemas/config.schema.yaml", set_default=True)  # fills every default, once
 
 # Every job's CPU arithmetic pinned (config cpu_numerics): set here, in the environment every job
 # inherits, before any job imports torch (workflow/scripts/cpu_numerics.py).
@@ -23,7 +23,7 @@ SHARING = config["baselines"]["sharing"]
 TASKS = list(config["eval"]["tasks"])
 # benchmarks scored with lighteval's own task definitions: their data is fetched first
 LIGHTEVAL_TASKS = {t: spec for t, spec in config["eval"]["tasks"].items() if "lighteval" in spec}
-DENSE = config.get("dense_baselines") or {}  # name -> {repo_id, revision, sha256}: e.g. Qwen3-1.7B
+DENSE = config["dense_baselines"] or {}  # name -> {repo_id, revision, sha256}: e.g. Qwen3-1.7B
 # checkpoints that the download rule fetches (the teacher unless pretrained here; the dense baselines)
 DOWNLOADS = {f"dense-{d}": {"kind": "hub", **spec} for d, spec in DENSE.items()}
 if config["source"]["kind"] != "pretrain":
@@ -55,11 +55,11 @@ def _check_tasks():
     """Eval task settings that would otherwise fail inside an eval job, after other jobs ran."""
     problems = []
     for name, spec in config["eval"]["tasks"].items():
-        samples, ks = spec.get("samples", 1), spec.get("ks", [1])
+        samples, ks = spec["samples"], spec["ks"]
         if max(ks) > samples:
             problems.append(f"eval.tasks.{name}: ks {ks} asks pass@{max(ks)} from {samples} sample(s) per "
                             f"question; set samples >= {max(ks)} or drop the larger k")
-        if spec.get("shards", 1) > 1 and spec.get("lighteval") and spec.get("limit"):
+        if spec["shards"] > 1 and spec.get("lighteval") and spec.get("limit"):
             problems.append(f"eval.tasks.{name}: shards with limit: lighteval applies the limit after the shard "
                             "filter, so the shards would not add up to the limited task; drop one of them")
         for key in ("path", "data_dir"):
@@ -173,10 +173,10 @@ def variant_suffixes():
     prefills exactly, else exact (@prefill-...); eval.compare_window, each sliding window W of v3
     (the last W tokens keep their per-loop K/V), applied at inference only (@window-W)."""
     variants = []
-    if config["eval"].get("compare_prefill"):
-        variants.append("prefill-" + ("exact" if config["eval"].get("prefill_chunk")
+    if config["eval"]["compare_prefill"]:
+        variants.append("prefill-" + ("exact" if config["eval"]["prefill_chunk"]
                                       else f"chunk{config['train']['chunk_size']}"))
-    return variants + [f"window-{w}" for w in config["eval"].get("compare_window") or []]
+    return variants + [f"window-{w}" for w in config["eval"]["compare_window"]]
 
 
 def main_variants():
@@ -193,7 +193,7 @@ def seed_models(seed):
 def model_prefill(model):
     """The prefill chunk a model id evaluates with (None: token by token, exact for MELT)."""
     mode = ModelId.parse(model).prefill
-    return config["eval"].get("prefill_chunk") if mode is None else None if mode == "exact" else mode
+    return config["eval"]["prefill_chunk"] if mode is None else None if mode == "exact" else mode
 
 
 def model_window(model):
@@ -251,7 +251,7 @@ def profile_outputs():
 TABLES = ["table1_main", "table2_memory", "table3_gates", "table4_recipe", "table5_sharing",
           "table10_speed", "table11_train_throughput", "table_early_exit"]
 FIGURES = ["figure1_pareto", "training_curves", "gate_values", "ablation_accuracy", "memory_sweeps",
-           "early_exit_tradeoff"] + (["accuracy_vs_length"] if config["report"].get("long_column") else [])
+           "early_exit_tradeoff"] + (["accuracy_vs_length"] if config["report"]["long_column"] else [])
 
 
 def report_outputs():
@@ -267,15 +267,15 @@ def mlflow_spec(stage, **tags):
 
 
 def task_shards(task):
-    return config["eval"]["tasks"][task].get("shards", 1)
+    return config["eval"]["tasks"][task]["shards"]
 
 
 SHARDED_TASKS = [t for t in config["eval"]["tasks"] if task_shards(t) > 1]
 # eval.group_tasks: a model's unsharded tasks in one job (rule eval_model)
-GROUPED_TASKS = [t for t in TASKS if t not in SHARDED_TASKS] if config["eval"].get("group_tasks") else []
+GROUPED_TASKS = [t for t in TASKS if t not in SHARDED_TASKS] if config["eval"]["group_tasks"] else []
 # eval.group_models (with group_tasks): every model of one training seed in one job (rule eval_seed),
 # the teacher and its sharing baselines in another (rule eval_teacher)
-GROUPED_MODELS = bool(GROUPED_TASKS) and bool(config["eval"].get("group_models"))
+GROUPED_MODELS = bool(GROUPED_TASKS) and config["eval"]["group_models"]
 
 
 def eval_member(model):
@@ -292,15 +292,9 @@ def eval_params(tasks, models):
     return dict(
         tasks=tasks,
         models=lambda wc: {m: eval_member(m) for m in models(wc)},
-        backend=config["eval"].get("backend", "lighteval"),
-        device=config["eval"].get("device", "auto"),
-        dtype=config["eval"].get("dtype", "auto"),
-        seed=config["eval"].get("seed", 0),
-        batch_size=config["eval"].get("batch_size", 64),  # at most; fewer where memory says so
-        memory_budget_gb=config["eval"].get("memory_budget_gb"),
-        batching=config["eval"].get("batching", "continuous"),
+        **{k: config["eval"][k] for k in ("backend", "device", "dtype", "seed", "batch_size", "memory_budget_gb",
+                                          "batching", "exit")},  # exit: a task's own `exit` goes over it
         template=config["train"]["template"],
-        exit=config["eval"].get("exit"),  # early exit of decoded tokens; a task's own `exit` goes over it
     )
 
 
@@ -376,11 +370,11 @@ def train_records():
 
 def init_tracking():
     """Create the MLflow store once, before jobs that log to it start in parallel."""
-    if config["mlflow"].get("enabled", True):
+    if config["mlflow"]["enabled"]:
         from melt_core.tracking import ensure_store, mark_dead_runs
 
-        ensure_store(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
-        dead = mark_dead_runs(config["mlflow"].get("tracking_uri"), mlflow_spec("init")["experiment"])
+        ensure_store(config["mlflow"]["tracking_uri"], mlflow_spec("init")["experiment"])
+        dead = mark_dead_runs(config["mlflow"]["tracking_uri"], mlflow_spec("init")["experiment"])
         if dead:
             print(f"MLflow: {len(dead)} run(s) left RUNNING by killed jobs marked KILLED")
         # one parent run per invocation: every rule's run of this invocation is its child (jobs find

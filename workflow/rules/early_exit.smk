@@ -13,17 +13,9 @@ rule early_exit:
     wildcard_constraints:
         model=_one_of(EXIT_MODELS),
     params:
-        task=lambda wc: {"name": config["early_exit"]["task"], **eval_task_settings(config["early_exit"]["task"])},
+        **eval_params({config["early_exit"]["task"]: eval_task_settings(config["early_exit"]["task"])},
+                      lambda wc: [wc.model]),
         sweep={k: v for k, v in config["early_exit"].items() if k not in ("models", "task")},
-        prefill_chunk=config["eval"].get("prefill_chunk"),
-        backend=config["eval"].get("backend", "lighteval"),
-        device=config["eval"].get("device", "auto"),
-        dtype=config["eval"].get("dtype", "auto"),
-        seed=config["eval"].get("seed", 0),
-        batch_size=config["eval"].get("batch_size", 64),
-        memory_budget_gb=config["eval"].get("memory_budget_gb"),
-        batching=config["eval"].get("batching", "continuous"),
-        template=config["train"]["template"],
         seq_len=config["train"]["seq_len"],
         mlflow=lambda wc: mlflow_spec("early_exit", **model_tags(wc.model)),
     threads: 1

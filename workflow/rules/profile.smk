@@ -7,7 +7,7 @@ rule profile_memory:
         f"{OUT}/profile/memory/{{shape}}.json",
     params:
         profile=config["profile"],
-        prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
+        prefill_chunk=config["eval"]["prefill_chunk"],  # MELT prefills as the eval does
         mlflow=lambda wc: mlflow_spec("profile", shape=wc.shape),
     threads: 1  # bytes, not time: it may share the machine (profile_speed has it to itself)
     priority: 1  # after the teacher and training (workflow/rules/train.smk), before the evals
@@ -31,7 +31,7 @@ rule profile_speed:
         train=f"{OUT}/profile/train_throughput.json",
     params:
         profile=config["profile"],
-        prefill_chunk=config["eval"].get("prefill_chunk"),  # MELT prefills as the eval does
+        prefill_chunk=config["eval"]["prefill_chunk"],  # MELT prefills as the eval does
         mlflow=mlflow_spec("profile", part="speed"),
     threads: 2
     priority: 1

@@ -61,8 +61,7 @@ rule train_data:
         records=f"{OUT}/data/sft_mixture.jsonl",
         manifest=f"{OUT}/data/sft_mixture.json",
     params:
-        train_data=config.get("train_data"),
-        seed=(config.get("train_data") or {}).get("seed", 0),
+        train_data=config.get("train_data"),  # an optional block (the paper's); the rule runs only with it
         mlflow=mlflow_spec("data"),
     log:
         f"{OUT}/logs/train_data.log",

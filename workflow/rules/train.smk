@@ -20,7 +20,7 @@ rule phase:
         run_dir=phase_dir("{gate}", "{path}", "{seed}"),
         # train.share_teacher_logits: where the seed's runs keep the teacher's logits (melt_core/train.py)
         teacher_cache=lambda wc: f"{OUT}/runs/seed{wc.seed}/teacher_logits"
-        if config["train"].get("share_teacher_logits") else None,
+        if config["train"]["share_teacher_logits"] else None,
         seed=lambda wc: int(wc.seed),
         # everything that shapes this phase (and, upstream, the phases before it)
         train=config["train"],

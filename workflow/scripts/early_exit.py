@@ -24,20 +24,22 @@ sm = snakemake
 sweep = sm.params.sweep
 
 with rule_context(sm, "early_exit") as log:
-    task_cfg = dict(sm.params.task)
-    spec, model, device, run = load_eval_model(sm, log, task_cfg)
-    task = TaskSpec(template=sm.params.template, **{**task_cfg, "limit": sweep.get("limit") or task_cfg.get("limit")})
+    (task_name, task_cfg), = sm.params.tasks.items()
+    (model_id, member), = sm.params.models.items()
+    spec, model, device, run = load_eval_model(sm, log, task_cfg, model_id, member)  # each rule sets its exit
+    limit = sweep["limit"] or task_cfg.get("limit")  # the sweep's, else the task's own (if it has one)
+    task = TaskSpec(name=task_name, template=sm.params.template, **{**task_cfg, "limit": limit})
     rules = [ExitRule.from_dict(r) for r in sweep["rules"]]  # refused here, before any decoding
     variants = [("converted gate" if model.config.is_melt else "trained gate", model)]
-    steps = sweep.get("exit_gate_steps", 0)
+    steps = sweep["exit_gate_steps"]
     if steps and model.config.is_melt:
         tok = load_tokenizer(sm.input.model)
         data = PackedData.build(read_jsonl(sm.input.train), tok, sm.params.template, sm.params.seq_len,
                                 seed=sm.params.seed)
         refit = copy.deepcopy(model).to(device)
-        batch = sweep.get("exit_gate_batch", 16)
+        batch = sweep["exit_gate_batch"]
         losses = train_exit_gate(refit, lambda s: tuple(t.to(device) for t in data.batch(s, batch)), steps,
-                                 sweep.get("exit_gate_lr", 1e-2), log, prefix="early_exit/exit_gate")
+                                 sweep["exit_gate_lr"], log, prefix="early_exit/exit_gate")
         stamp(f"exit gate refit: {steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         refit.eval()
         variants.append(("refit gate", refit))

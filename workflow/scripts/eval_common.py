@@ -8,17 +8,11 @@ from melt_core.inference import ModelSpec, load_model, resolve_device, resolve_d
 from melt_core.lighteval_adapter import evaluate_lighteval
 
 
-def load_eval_model(sm, log, task_cfg: dict, model_id: str | None = None, member: dict | None = None, model=None,
-                    **spec_kw):
-    """(ModelSpec, loaded model, device, run) for a model id (default: the job's wildcard ``model``):
-    ouro-* ids are Ouro's sharing baselines; the memory budget is resolved against the loaded weights.
-    ``member``: the id's checkpoint, prefill, window and MLflow tags (the eval rules' ``models``
-    param; default: the job's own input and params); ``model``: the one an earlier task of the same
-    job loaded for this id, reused."""
-    model_id = model_id or sm.wildcards.model
-    member = member or {"checkpoint": sm.input.model, "prefill_chunk": sm.params.prefill_chunk,
-                        "window": getattr(sm.params, "window", None),
-                        "tags": (sm.params.mlflow or {}).get("tags", {})}
+def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=None, **spec_kw):
+    """(ModelSpec, loaded model, device, run) for a model id; sharing-baseline ids run Ouro with that
+    cache; the memory budget is resolved against the loaded weights. ``member``: the id's checkpoint,
+    prefill, window and MLflow tags (common.smk eval_member, in the rules' ``models`` param);
+    ``model``: the one an earlier task of the same job loaded for this id, reused."""
     spec = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
                      window=member["window"], batching=sm.params.batching, **spec_kw)
     parsed = ModelId.parse(model_id)

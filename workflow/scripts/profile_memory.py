@@ -17,7 +17,7 @@ with rule_context(sm, "profile") as log:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = profile_memory(sm.wildcards.shape, getattr(torch, p["dtype"]), p["kv_tokens"],
                             p["context_for_batch"], p["memory_cap_gb"], device,
-                            speed_context=p.get("real_shape_speed_context", 0), prefill_chunk=sm.params.prefill_chunk)
+                            speed_context=p["real_shape_speed_context"], prefill_chunk=sm.params.prefill_chunk)
     row = dataclasses.asdict(report)
     print(json.dumps(row, indent=2))
     log.log_params({"shape": sm.wildcards.shape, "dtype": p["dtype"], "device": device})

@@ -17,7 +17,7 @@ sm = snakemake
 
 def table1_main(r: Results) -> tuple[pd.DataFrame, str]:
     rows = []
-    dense = r.config["report"].get("dense_column")
+    dense = r.config["report"]["dense_column"]
     v = r.version
     for bench in dict.fromkeys([*r.paper["table1_main"], *r.columns]):
         paper = r.paper["table1_main"].get(bench, {})

@@ -52,11 +52,11 @@ class Results:
                       "table10_speed", "table11_train_throughput", "table_early_exit"):
             self.paper.setdefault(table, {})
         self.columns = config["report"]["columns"]
-        self.note = config["report"].get("note", "")
-        self.seeds = config.get("seeds", [0])
+        self.note = config["report"]["note"]
+        self.seeds = config["seeds"]
         self._scores: dict[tuple[str, str, str], list[float] | None] = {}  # per-question scores by eval
         self._read: dict[tuple[str, str], list[dict] | None] = {}  # each eval's details, read once
-        self.long_column = config["report"].get("long_column")  # a column whose answers are long
+        self.long_column = config["report"]["long_column"]  # a column whose answers are long
         main = config["main_run"]
         self.main_model = self.run_model(main["gate"], main["recipe"])
 

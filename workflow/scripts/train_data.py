@@ -18,13 +18,13 @@ with rule_context(snakemake, "data") as log:
     spec = snakemake.params.train_data
     if not spec:
         raise ValueError("config has no train_data block: the embedded task's data comes from rule task_data")
-    total = spec.get("total")
+    total, seed = spec["total"], spec["seed"]
     sources = [{**s, "total": total} for s in spec["sources"]] if total else spec["sources"]
-    records = load_mixture(sources, seed=snakemake.params.seed)
+    records = load_mixture(sources, seed=seed)
     out = Path(snakemake.output.records)
     write_jsonl(out, records)
     counts = {s.get("name") or s.get("path"): s.get("weight", 1.0) for s in spec["sources"]}
-    manifest = {"records": len(records), "total": total, "sources": counts, "seed": snakemake.params.seed}
+    manifest = {"records": len(records), "total": total, "sources": counts, "seed": seed}
     tmp = Path(snakemake.output.manifest).with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(snakemake.output.manifest)
