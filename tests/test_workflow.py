@@ -145,7 +145,10 @@ PAPER_BENCHMARKS = {"aime24", "aime25", "aime26", "amc23", "math500", "olympiadb
                                    ["config/paper_v3.yaml"]])
 def test_paper_config_is_exactly_its_files(tmp_path, files):
     """Nothing of the embedded default merges under the paper config: the resolved config is the
-    paper files merged (the v3 overlay pulls in paper.yaml itself when given alone)."""
+    paper files merged (the v3 overlay pulls in paper.yaml itself when given alone), with the
+    schema's defaults filled in where they leave a setting out."""
+    from snakemake.utils import validate
+
     got = _resolve(tmp_path, *files)
     layers = [yaml.safe_load((ROOT / f).read_text()) for f in ["config/paper.yaml", *files[1:]]]
     if files == ["config/paper_v3.yaml"]:
@@ -155,6 +158,7 @@ def test_paper_config_is_exactly_its_files(tmp_path, files):
         want = _merge(want, layer)
     want.pop("overlays", None)
     want["outdir"], want["mlflow"] = got["outdir"], {**want["mlflow"], "enabled": False}
+    validate(want, str(ROOT / "workflow/schemas/config.schema.yaml"), set_default=True)
     assert got == want
     assert set(got["eval"]["tasks"]) == PAPER_BENCHMARKS
     assert got["source"]["kind"] == "hub" and got["source"]["repo_id"] == "ByteDance/Ouro-1.4B-Thinking"
