@@ -1,6 +1,7 @@
 """Rule table: render one paper table as Markdown, LaTeX (booktabs) and CSV, with the paper's
 reported value beside ours and the difference."""
 
+import json
 import math
 import re
 import sys
@@ -153,6 +154,9 @@ def table10_speed(r: Results) -> tuple[pd.DataFrame, str]:
 
 def table11_train_throughput(r: Results) -> tuple[pd.DataFrame, str]:
     df = r.train_throughput.copy()
+    if "ratio_rounds" in df:  # each round's ratio (the models timed in turn), shown as its range
+        rounds = [json.loads(v) if isinstance(v, str) else v for v in df.pop("ratio_rounds")]
+        df["ratio range over rounds"] = [f"{min(x):.2f}–{max(x):.2f}" for x in rounds]
     paper = r.paper["table11_train_throughput"]
     # the paper measured one chunk size (C = 500): its row stands alone, not repeated beside each of ours
     df["paper tok/s"] = [paper.get("ouro-parallel") if m == "ouro-parallel" else None for m in df.model]
