@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,7 +124,10 @@ def pretrain(cfg: PretrainConfig, logger=None) -> dict:
     dev = {k: recs[len(recs) // 2:][:cfg.eval_examples] for k, recs in dev.items()}
     best = None  # (lowest split's score, step, scores, state)
     t0 = time.perf_counter()
-    bar = tqdm(range(cfg.steps), desc="pretrain teacher", disable=not cfg.progress, dynamic_ncols=True)
+    # a bar in a terminal; in a rule's log file, a timestamped line every 50th of the run
+    in_terminal = cfg.progress and sys.stderr.isatty()
+    bar = tqdm(range(cfg.steps), desc="pretrain teacher", disable=not in_terminal, dynamic_ncols=True)
+    every = 10 * max(1, cfg.steps // 500)  # a multiple of the loss read-out above
     for step in bar:
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
         for g in opt.param_groups:
@@ -139,6 +143,9 @@ def pretrain(cfg: PretrainConfig, logger=None) -> dict:
         if step % 10 == 0 or step == cfg.steps - 1:
             bar.set_postfix(loss=f"{loss.item():.4f}")
             logger.log_metrics({"pretrain/loss": loss.item(), "pretrain/lr": lr}, step=step)
+            if cfg.progress and not in_terminal and step % every == 0:
+                stamp(f"pretrain teacher step {step + 1}/{cfg.steps} loss {loss.item():.4f} lr {lr:.3g} "
+                      f"({time.perf_counter() - t0:.0f} s)")
         last = step == cfg.steps - 1
         if last or (cfg.check_every and step + 1 >= cfg.check_from and (step + 1) % cfg.check_every == 0):
             scores = _check(model, dev, tok)
