@@ -167,8 +167,8 @@ def phase_steps():
     """Training steps the DAG runs: every phase node once (shared prefixes once), every seed."""
     nodes = {(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))}
     return len(SEEDS) * sum(config["phases"][last_phase(p)[0]]["steps"] for _, p in nodes)
-def variant_suffixes():
-    """The main run evaluated again, per seed, under other inference settings (model id suffixes):
+def inference_variants():
+    """The main run evaluated again, per seed, under other inference settings (each a model id's variant):
     eval.compare_prefill, the other prefill mode: chunks of the training chunk size where eval
     prefills exactly, else exact (@prefill-...); eval.compare_window, each sliding window W of v3
     (the last W tokens keep their per-loop K/V), applied at inference only (@window-W)."""
@@ -180,14 +180,14 @@ def variant_suffixes():
 
 
 def main_variants():
-    return [trained_model(MAIN_RUN, s, v) for v in variant_suffixes() for s in SEEDS]
+    return [trained_model(MAIN_RUN, s, v) for v in inference_variants() for s in SEEDS]
 
 
 def seed_models(seed):
     """The model ids of one training seed (``seed`` may be the wildcard ``{seed}``): the converted
     model, every trained run, the main run's inference variants."""
     return ([str(ModelId.untrained(seed))] + [trained_model(r, seed) for r in RUNS]
-            + [trained_model(MAIN_RUN, seed, v) for v in variant_suffixes()])
+            + [trained_model(MAIN_RUN, seed, v) for v in inference_variants()])
 
 
 def model_prefill(model):
