@@ -1,7 +1,7 @@
 """melt_core: Ouro's LoopLM, the Memory-Efficient Looped Transformer, and what trains,
 evaluates and profiles them. Knows nothing of Snakemake or SLURM."""
 
-from .cache import KVCache, LoopKVCache, SharedKVCache
+from .cache import KeptPromptSharedKVCache, KVCache, LoopKVCache, SharedKVCache
 from .checkpoint import (
     CheckpointError,
     convert_ouro_to_melt,
@@ -14,7 +14,7 @@ from .gate import LatentGate
 from .model import LoopedLM, LoopOutput, exit_distribution
 
 __all__ = [
-    "CheckpointError", "ConfigError", "KVCache", "LatentGate", "LoopKVCache", "LoopOutput",
+    "CheckpointError", "ConfigError", "KeptPromptSharedKVCache", "KVCache", "LatentGate", "LoopKVCache", "LoopOutput",
     "LoopedLM", "ModelConfig", "SharedKVCache", "convert_ouro_to_melt", "exit_distribution",
     "load_pretrained", "melt_from_ouro", "save_pretrained",
 ]

@@ -8,13 +8,14 @@ q, k, v. This is where MELT differs from Ouro, so it is spelled out here:
 * ``SharedKVCache`` (MELT and the untrained sharing baselines of Appendix B): one row per
   (layer, token). The rows of a chunk being processed are *staged* in the slots they will
   finally occupy and are overwritten in place at every loop; after loop T they are
-  committed. Earlier tokens are read through their final rows. Options:
-    - ``window`` W (v3): the last W tokens also keep their per-loop rows, so at loop t a
-      query reads them at loop t and reads older tokens' final rows.
+  committed. Earlier tokens are read through their final rows. Options (the window, the kept
+  prompt and the interpolation are each a class of their own):
+    - ``SlidingWindow`` (``window`` W, v3): the last W tokens also keep their per-loop rows, so at
+      loop t a query reads them at loop t and reads older tokens' final rows.
     - ``write_every_loop=False``: the row is written at loop 1 only ("first-loop sharing").
-    - ``keep_prompt=True``: the prompt is cached per loop as in Ouro; only tokens after
+    - ``KeptPromptSharedKVCache``: the prompt is cached per loop as in Ouro; only tokens after
       ``end_prompt()`` share one row ("with prompt cache" in Table 5).
-    - ``alpha`` < 1 (Phase-1 interpolation, training): attention reads
+    - ``OuroRows`` (a read with ``alpha`` < 1: Phase-1 interpolation, training): attention reads
       alpha*KV_MELT + (1-alpha)*KV_base, KV_base being Ouro's per-loop K/V of the same
       tokens; alpha = 0 is exactly Ouro.
 
@@ -361,28 +362,212 @@ class LoopKVCache(KVCache):
         return sum(s.nbytes() for s in self.stores)
 
 
+class SlidingWindow:
+    """v3's window: the last W tokens also keep their per-loop rows, so a loop-t query reads them at
+    loop t (older tokens through their final rows). ``rows[layer][loop]``: (k, v, slots)."""
+
+    def __init__(self, size: int, num_layers: int, num_loops: int):
+        self.size = size
+        self.rows: list[list[tuple[Tensor, Tensor, Tensor] | None]] = [
+            [None] * num_loops for _ in range(num_layers)]
+
+    def commit(self, layer: int, loop: int, cur: KV, seen: int) -> None:
+        """The chunk's rows of (layer, loop), in slots [seen, seen + C), join the last W."""
+        k, v = cur
+        slots = torch.arange(seen, seen + k.shape[-2], device=k.device)
+        old = self.rows[layer][loop]
+        if old is not None:
+            k, v, slots = torch.cat((old[0], k), dim=-2), torch.cat((old[1], v), dim=-2), torch.cat((old[2], slots))
+        self.rows[layer][loop] = (k[..., -self.size:, :], v[..., -self.size:, :], slots[-self.size:])
+
+    def _map(self, fn) -> None:
+        for per_loop in self.rows:
+            for t, entry in enumerate(per_loop):
+                if entry is not None:
+                    per_loop[t] = fn(*entry)
+
+    # continuous batching: the per-loop rows follow their slots
+    def shift(self, d: int) -> None:
+        def moved(k, v, slots):
+            slots, keep = slots + d, slots + d >= 0  # slots shifted out are dropped
+            return k[..., keep, :], v[..., keep, :], slots[keep]
+        self._map(moved)
+
+    def adopt(self, rows: Tensor, other: SlidingWindow, seen: int) -> None:
+        """Batch rows ``rows`` take ``other``'s per-loop rows (n of them) as their last n; ``seen``:
+        the cache's slot count after adopting."""
+        for mine, theirs in zip(self.rows, other.rows):
+            for t, entry in enumerate(theirs):
+                if entry is None:
+                    continue
+                (k, v, slots), (ok, ov, _) = mine[t], entry
+                n, missing = ok.shape[-2], ok.shape[-2] - k.shape[-2]
+                if missing > 0:  # after a right shift: slots no other row reads, zero-filled
+                    pad = k.new_zeros((*k.shape[:-2], missing, k.shape[-1]))
+                    k, v = torch.cat((pad, k), dim=-2), torch.cat((pad, v), dim=-2)
+                    slots = torch.cat((torch.arange(seen - n, seen - n + missing, device=slots.device), slots))
+                k[rows, :, -n:], v[rows, :, -n:] = ok, ov
+                mine[t] = (k, v, slots)
+
+    def select(self, keep: Tensor) -> None:
+        self._map(lambda k, v, slots: (k.index_select(0, keep), v.index_select(0, keep), slots))
+
+    def nbytes(self) -> int:
+        return sum(e[0].numel() * e[0].element_size() * 2 for per_loop in self.rows for e in per_loop
+                   if e is not None)
+
+
+class OuroRows:
+    """Phase-1 interpolation (alpha < 1, training): Ouro's per-loop K/V of the same tokens, kept beside
+    MELT's rows, so that attention reads alpha*KV_MELT + (1-alpha)*KV_Ouro (alpha = 0 is Ouro)."""
+
+    def __init__(self, num_layers: int, num_loops: int, capacity: int | None):
+        self.stores = [[RowStore(capacity) for _ in range(num_loops)] for _ in range(num_layers)]
+
+    def mix(self, layer: int, loop: int, melt: KV, base: KV, alpha: float) -> KV:
+        """MELT's rows (past final rows, then the chunk's) mixed with Ouro's (past, then ``base``)."""
+        ouro = self.stores[layer][loop].read(staged=base)
+        return tuple(alpha * m + (1 - alpha) * o for m, o in zip(melt, ouro))
+
+    def mix_slots(self, layer: int, loop: int, melt: KV, slots: Tensor, alpha: float) -> KV:
+        """The same for rows of committed slots ``slots`` (the window's per-loop rows)."""
+        ouro = self.stores[layer][loop].read()
+        return tuple(alpha * m + (1 - alpha) * o[..., slots, :] for m, o in zip(melt, ouro))
+
+    def append(self, layer: int, loop: int, base: KV) -> None:
+        self.stores[layer][loop].append(base)
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for per_loop in self.stores for s in per_loop)
+
+
 class SharedKVCache(KVCache):
-    """One K/V row per (layer, token), refined in place across loops (MELT; Appendix-B sharing)."""
+    """One K/V row per (layer, token), refined in place across loops (MELT; Appendix-B sharing).
+
+    A chunk's rows are staged (``pending``) and overwritten at every loop (at loop 1 only with
+    ``write_every_loop=False``), then committed after loop T. With ``window`` W a SlidingWindow keeps
+    the last W tokens' per-loop rows; a read with alpha < 1 (Phase 1) keeps Ouro's rows beside
+    (OuroRows). The prompt kept per loop is KeptPromptSharedKVCache.
+    """
 
     def __init__(self, num_layers: int, num_loops: int, capacity: int | None = None,
-                 window: int = 0, write_every_loop: bool = True, keep_prompt: bool = False,
-                 detach_past: bool = False):
+                 window: int = 0, write_every_loop: bool = True, detach_past: bool = False):
         super().__init__(num_layers, num_loops, capacity)
         if window < 0:
             raise ValueError(f"window must be >= 0, got {window}")
         if window and not write_every_loop:
             raise ValueError("a sliding window needs a row per loop; it cannot combine with "
                              "first-loop sharing (write_every_loop=False)")
-        self.window, self.write_every_loop, self.detach_past = window, write_every_loop, detach_past
+        self.write_every_loop, self.detach_past = write_every_loop, detach_past
         self.final = [RowStore(capacity) for _ in range(num_layers)]
-        # window[l][t]: (k, v, slots) of the last <= W tokens at loop t
-        self.recent: list[list[tuple[Tensor, Tensor, Tensor] | None]] = [
-            [None] * num_loops for _ in range(num_layers)]
-        self.base: list[list[RowStore]] | None = None  # per-loop Ouro rows, alpha < 1 only
         self.pending: list[KV | None] = [None] * num_layers
-        self.prompt = LoopKVCache(num_layers, num_loops, capacity) if keep_prompt else None
-        self.prompt_open = keep_prompt  # chunks go to the per-loop prompt cache until end_prompt()
-        self.prompt_len = 0  # slots [0, prompt_len) live in self.prompt; shared rows follow
+        self.window = SlidingWindow(window, num_layers, num_loops) if window else None
+        self.ouro: OuroRows | None = None  # made by the first read with alpha < 1
+
+    def read(self, layer, loop, kv, base=None, alpha=1.0):
+        if loop == 0 or self.write_every_loop:
+            self.pending[layer] = kv
+        cur = self.pending[layer]
+        keys = self.final[layer].read(staged=cur, batch=self.rows)  # past final rows, then this chunk's
+        if alpha < 1.0:
+            keys = self._ouro_rows(layer, base).mix(layer, loop, keys, base, alpha)
+        window = self.window.size if self.window is not None else 0
+        blocks = [Block(*keys, self._rows_of(self._mask(self._first_shared(), window)))]
+        recent = self.window.rows[layer][loop] if self.window is not None else None
+        if recent is not None:
+            rk, rv, slots = recent
+            if alpha < 1.0:
+                rk, rv = self.ouro.mix_slots(layer, loop, (rk, rv), slots, alpha)
+            blocks.append(Block(rk, rv, self._window_mask(slots)))
+        self._commit(layer, loop, cur, base)
+        return blocks
+
+    # ------------------------------------------------------------------ internals
+    def _first_shared(self) -> int:
+        """The slot of the first shared row."""
+        return 0
+
+    def _ouro_rows(self, layer: int, base: KV | None) -> OuroRows:
+        if base is None:
+            raise ValueError("alpha < 1 needs the base (Ouro) K/V of the chunk")
+        if self.ouro is None:
+            if self.final[layer].length:
+                raise RuntimeError("interpolation must be on from the first chunk of a sequence")
+            self.ouro = OuroRows(self.N, self.T, self.capacity)
+        return self.ouro
+
+    def _commit(self, layer: int, loop: int, cur: KV, base: KV | None) -> None:
+        keep = (lambda kv: tuple(t.detach() for t in kv)) if self.detach_past else (lambda kv: kv)
+        if self.ouro is not None and base is not None:
+            self.ouro.append(layer, loop, keep(base))
+        if self.window is not None:
+            self.window.commit(layer, loop, keep(cur), self.seen)
+        if loop == self.T - 1:
+            self.final[layer].append(keep(cur), self.rows)
+            self.pending[layer] = None
+
+    def _window_mask(self, slots: Tensor) -> Tensor:
+        key = "window"
+        if key not in self._masks:
+            q = torch.arange(self.seen, self.seen + self._chunk_len, device=slots.device)[:, None]
+            allowed = ((slots[None, :] >= q - self.window.size) & (slots[None, :] < q))[None, None]
+            if self.valid is not None:
+                allowed = allowed & self.valid[:, slots][:, None, None, :]
+            self._masks[key] = allowed
+        return self._masks[key]
+
+    def check_exits(self):
+        """A stopped token keeps the row its slot holds, its current memory's (h_t for MELT), so
+        exit_rows has nothing to copy. True of one row overwritten every loop; the window's
+        per-loop rows, first-loop sharing, a per-loop prompt and alpha < 1 are not done."""
+        super().check_exits()
+        if not self._one_row_per_token():
+            raise ConfigError("early exit is implemented for MELT's cache and Ouro's (and last-loop sharing), "
+                              "not with a sliding window, first-loop sharing, a kept prompt or alpha < 1")
+
+    def _one_row_per_token(self) -> bool:
+        return self.window is None and self.write_every_loop and self.ouro is None
+
+    def _stores(self):
+        return self.final
+
+    # continuous batching: the window's per-loop rows follow their slots
+    @property
+    def supports_refill(self):
+        return super().supports_refill and self.ouro is None
+
+    def shift(self, d):
+        super().shift(d)
+        if self.window is not None:
+            self.window.shift(d)
+
+    def adopt(self, rows, other):
+        super().adopt(rows, other)
+        if self.window is not None:
+            self.window.adopt(rows, other.window, self.seen)
+
+    def select(self, keep):
+        super().select(keep)
+        if self.window is not None:
+            self.window.select(keep)
+
+    def nbytes(self) -> int:
+        return (sum(s.nbytes() for s in self.final) + (self.window.nbytes() if self.window is not None else 0)
+                + (self.ouro.nbytes() if self.ouro is not None else 0))
+
+
+class KeptPromptSharedKVCache(SharedKVCache):
+    """An Appendix-B sharing cache that keeps the prompt per loop as Ouro does ("with prompt cache",
+    Table 5): chunks go to a per-loop LoopKVCache until ``end_prompt()``; only the tokens after it
+    share one row. Slots [0, prompt_len) live in the prompt cache, the shared rows follow; under
+    continuous batching each row's prompt is right-aligned in that region."""
+
+    def __init__(self, num_layers: int, num_loops: int, capacity: int | None = None,
+                 write_every_loop: bool = True):
+        super().__init__(num_layers, num_loops, capacity, write_every_loop=write_every_loop)
+        self.prompt = LoopKVCache(num_layers, num_loops, capacity)
+        self.prompt_open = True
+        self.prompt_len = 0
 
     def begin_chunk(self, chunk_len, valid):
         super().begin_chunk(chunk_len, valid)
@@ -399,104 +584,36 @@ class SharedKVCache(KVCache):
         self.prompt_open = False
 
     def read(self, layer, loop, kv, base=None, alpha=1.0):
+        if alpha < 1.0:
+            raise ValueError("interpolation (alpha < 1) is MELT's; a sharing baseline's cache does not take it")
         if self.prompt_open:
             return self.prompt.read(layer, loop, kv)
-        if loop == 0 or self.write_every_loop:
-            self.pending[layer] = kv
-        cur = self.pending[layer]
-        first = self.prompt_len  # slot of the first shared row
-        keys = self.final[layer].read(staged=cur, batch=self.rows)  # past final rows, then this chunk's
-        if alpha < 1.0:
-            keys = self._interpolate(layer, loop, keys, base, alpha)
-        blocks = [Block(*keys, self._rows_of(self._mask(first, self.window)))]
-        recent = self.recent[layer][loop]
-        if recent is not None:
-            rk, rv, slots = recent
-            if alpha < 1.0:
-                bk, bv = self.base[layer][loop].read()
-                rk = alpha * rk + (1 - alpha) * bk[..., slots - first, :]
-                rv = alpha * rv + (1 - alpha) * bv[..., slots - first, :]
-            blocks.append(Block(rk, rv, self._window_mask(slots)))
+        blocks = super().read(layer, loop, kv)
         if self.prompt_len:
             pk, pv = self.prompt.stores[loop * self.N + layer].read()
             blocks.append(Block(pk, pv, self._prompt_mask()))
-        self._commit(layer, loop, cur, base)
         return blocks
 
-    # ------------------------------------------------------------------ internals
-    def _interpolate(self, layer: int, loop: int, melt: KV, base: KV, alpha: float) -> KV:
-        if base is None:
-            raise ValueError("alpha < 1 needs the base (Ouro) K/V of the chunk")
-        if self.base is None:
-            if self.final[layer].length:
-                raise RuntimeError("interpolation must be on from the first chunk of a sequence")
-            self.base = [[RowStore(self.capacity) for _ in range(self.T)] for _ in range(self.N)]
-        b = self.base[layer][loop].read(staged=base)
-        return tuple(alpha * m + (1 - alpha) * x for m, x in zip(melt, b))
+    def _first_shared(self):
+        return self.prompt_len
 
-    def _commit(self, layer: int, loop: int, cur: KV, base: KV | None) -> None:
-        keep = (lambda t: t.detach()) if self.detach_past else (lambda t: t)
-        if self.base is not None and base is not None:
-            self.base[layer][loop].append(tuple(keep(t) for t in base))
-        if self.window:
-            C = cur[0].shape[-2]
-            slots = torch.arange(self.seen, self.seen + C, device=cur[0].device)
-            old = self.recent[layer][loop]
-            if old is not None:
-                k = torch.cat((old[0], keep(cur[0])), dim=-2)[..., -self.window:, :]
-                v = torch.cat((old[1], keep(cur[1])), dim=-2)[..., -self.window:, :]
-                slots = torch.cat((old[2], slots))[-self.window:]
-            else:
-                k, v, slots = (keep(cur[0])[..., -self.window:, :], keep(cur[1])[..., -self.window:, :],
-                               slots[-self.window:])
-            self.recent[layer][loop] = (k, v, slots)
-        if loop == self.T - 1:
-            self.final[layer].append(tuple(keep(t) for t in cur), self.rows)
-            self.pending[layer] = None
+    def _prompt_mask(self) -> Tensor | None:
+        key = "prompt"
+        if key not in self._masks:
+            self._masks[key] = None if self.valid is None else \
+                self.valid[:, None, None, :self.prompt_len].expand(-1, 1, self._chunk_len, -1)
+        return self._masks[key]
 
-    def check_exits(self):
-        """A stopped token keeps the row its slot holds, its current memory's (h_t for MELT), so
-        exit_rows has nothing to copy. True of one row overwritten every loop; the window's
-        per-loop rows, first-loop sharing and a per-loop prompt are not done."""
-        super().check_exits()
-        if self.window or not self.write_every_loop or self.prompt is not None or self.base is not None:
-            raise ConfigError("early exit is implemented for MELT's cache and Ouro's (and last-loop sharing), "
-                              "not with a sliding window, first-loop sharing, a kept prompt or alpha < 1")
-
-    def _stores(self):
-        return self.final
-
-    # continuous batching: the window's per-loop rows follow their slots; a kept prompt's per-loop
-    # region [0, prompt_len) holds each row's prompt right-aligned, the shared rows follow it
-    @property
-    def supports_refill(self):
-        return super().supports_refill and self.base is None
+    def _one_row_per_token(self):
+        return False
 
     def _buffered(self):
-        return self.final + (self.prompt.stores if self.prompt is not None else [])
-
-    def _map_recent(self, fn) -> None:
-        for per_loop in self.recent:
-            for t, entry in enumerate(per_loop):
-                if entry is not None:
-                    per_loop[t] = fn(*entry)
+        return self.final + self.prompt.stores
 
     def compact(self):
-        if self.prompt is None:
-            return super().compact()
         self.shift(-(self._first_read(self.prompt_len) - self.prompt_len))
 
     def shift(self, d):
-        if self.prompt is not None:
-            return self._shift_kept_prompt(d)
-        super().shift(d)
-
-        def moved(k, v, slots):
-            slots, keep = slots + d, slots + d >= 0  # slots shifted out are dropped
-            return k[..., keep, :], v[..., keep, :], slots[keep]
-        self._map_recent(moved)
-
-    def _shift_kept_prompt(self, d: int) -> None:
         """Right: the per-loop prompt region grows at its front (room for a longer prompt); left:
         the shared rows after it drop their first -d slots."""
         valid = self._valid_full()
@@ -514,27 +631,6 @@ class SharedKVCache(KVCache):
         self.seen += d
 
     def adopt(self, rows, other):
-        if self.prompt is not None:
-            return self._adopt_kept_prompt(rows, other)
-        super().adopt(rows, other)
-        for mine, theirs in zip(self.recent, other.recent):
-            for t, entry in enumerate(theirs):
-                if entry is not None:
-                    mine[t] = self._adopt_recent(rows, mine[t], entry)
-
-    def _adopt_recent(self, rows: Tensor, mine: tuple, theirs: tuple) -> tuple[Tensor, Tensor, Tensor]:
-        """The window's per-loop rows of one (layer, loop) with ``theirs`` (n rows) as the last n of
-        batch rows ``rows``."""
-        (k, v, slots), (ok, ov, _) = mine, theirs
-        n, missing = ok.shape[-2], ok.shape[-2] - k.shape[-2]
-        if missing > 0:  # after a right shift: slots no other row reads, zero-filled
-            pad = k.new_zeros((*k.shape[:-2], missing, k.shape[-1]))
-            k, v = torch.cat((pad, k), dim=-2), torch.cat((pad, v), dim=-2)
-            slots = torch.cat((torch.arange(self.seen - n, self.seen - n + missing, device=slots.device), slots))
-        k[rows, :, -n:], v[rows, :, -n:] = ok, ov
-        return k, v, slots
-
-    def _adopt_kept_prompt(self, rows: Tensor, other: SharedKVCache) -> None:
         if other.prompt_len > self.prompt_len:
             self.shift(other.prompt_len - self.prompt_len)
         for mine, theirs in zip(self.prompt.stores, other.prompt.stores):
@@ -544,36 +640,5 @@ class SharedKVCache(KVCache):
         valid[rows, self.prompt_len - other.prompt_len:self.prompt_len] = other._valid_full()
         self.valid = valid
 
-    def select(self, keep):
-        super().select(keep)
-        self._map_recent(lambda k, v, slots: (k.index_select(0, keep), v.index_select(0, keep), slots))
-
-    def _window_mask(self, slots: Tensor) -> Tensor:
-        key = "window"
-        if key not in self._masks:
-            q = torch.arange(self.seen, self.seen + self._chunk_len, device=slots.device)[:, None]
-            allowed = ((slots[None, :] >= q - self.window) & (slots[None, :] < q))[None, None]
-            valid = self.valid[:, slots] if self.valid is not None else None
-            if valid is not None:
-                allowed = allowed & valid[:, None, None, :]
-            self._masks[key] = allowed
-        return self._masks[key]
-
-    def _prompt_mask(self) -> Tensor | None:
-        key = "prompt"
-        if key not in self._masks:
-            self._masks[key] = None if self.valid is None else \
-                self.valid[:, None, None, :self.prompt_len].expand(-1, 1, self._chunk_len, -1)
-        return self._masks[key]
-
-    def nbytes(self) -> int:
-        total = sum(s.nbytes() for s in self.final)
-        for per_loop in self.recent:
-            for entry in per_loop:
-                if entry is not None:
-                    total += entry[0].numel() * entry[0].element_size() * 2
-        if self.base is not None:
-            total += sum(s.nbytes() for row in self.base for s in row)
-        if self.prompt is not None:
-            total += self.prompt.nbytes()
-        return total
+    def nbytes(self):
+        return super().nbytes() + self.prompt.nbytes()

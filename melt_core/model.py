@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .cache import Block, KVCache, LoopKVCache, SharedKVCache
+from .cache import Block, KeptPromptSharedKVCache, KVCache, LoopKVCache, SharedKVCache
 from .config import ConfigError, ModelConfig
 from .gate import LatentGate
 
@@ -251,8 +251,8 @@ class LoopedLM(nn.Module):
         if cfg.is_melt or mode not in ("first-loop", "last-loop"):
             raise ConfigError(f"cache mode {mode!r} (keep_prompt={keep_prompt}) is not defined for "
                               f"a {cfg.model_type} model; Ouro accepts first-loop / last-loop")
-        return SharedKVCache(N, T, capacity, write_every_loop=mode == "last-loop",
-                             keep_prompt=keep_prompt)
+        cache = KeptPromptSharedKVCache if keep_prompt else SharedKVCache
+        return cache(N, T, capacity, write_every_loop=mode == "last-loop")
 
     def forward(self, input_ids: Tensor, cache: KVCache | None = None,
                 positions: Tensor | None = None, attention_mask: Tensor | None = None,
