@@ -9,6 +9,9 @@ MELT/Ouro ratio. Weights are random: speed depends on shapes, not on values.
     python benchmarks/decode_speed.py --quick          # a short smoke run
     python benchmarks/decode_speed.py --kv-budget-mb 800 --contexts 4096
         # equal KV memory: each model decodes the largest batch whose cache fits the budget
+    python benchmarks/decode_speed.py --paths static --contexts 256 1024
+        # each model's ordinary decode step against the static-shape step (melt_core/static_decode.py;
+        # captured on a CUDA graph on a GPU), all four in turn in one run
 
 Per decode step MELT reads as many K/V rows as Ouro (T loops x N layers x L rows); what it
 saves is the footprint (T times smaller), which buys batch. The budget mode measures that.
@@ -37,17 +40,32 @@ def main() -> None:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--quick", action="store_true", help="tiny shape, short contexts")
     p.add_argument("--kv-budget-mb", type=float, help="equal-memory mode: batch = budget // KV(context)")
+    p.add_argument("--paths", choices=["static"], help="also each model with the static-shape decode step")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks/decode_speed"))
     a = p.parse_args()
     if a.quick:
         a.shape, a.contexts, a.steps, a.rounds = "tiny", [64, 256], 8, 1
-    ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES[a.shape]), getattr(torch, a.dtype))
+    ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES[a.shape]), getattr(torch, a.dtype), a.device)
     models = {"ouro": ouro, "melt": melt_from_ouro(ouro)}
     if a.kv_budget_mb:
         return budget_mode(models, a)
+    if a.paths:
+        return paths_mode(models, a)
     rows = compare_decode(models, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk)
     table = decode_ratio_table(rows, "ouro", "melt", ("Ouro", "MELT"))
     save_benchmark(a.out, a.shape, rows, f"shape {a.shape}, {a.dtype}\n\n{table}")
+
+
+def paths_mode(models: dict, a) -> None:
+    """Each model's ordinary decode step against its static-shape step, the four in turn per round."""
+    both = {**models, **{f"{name}-static": m for name, m in models.items()}}
+    rows = compare_decode(both, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk,
+                          static=frozenset(n for n in both if n.endswith("-static")))
+    tables = [decode_ratio_table(rows, name, f"{name}-static", (name, f"{name} static")) for name in models]
+    graph = "captured on a CUDA graph" if a.device.startswith("cuda") else "eager (no graph on CPU)"
+    save_benchmark(a.out, f"{a.shape}-paths", rows, f"shape {a.shape}, {a.dtype}, {a.device}, "
+                   f"{torch.get_num_threads()} threads; static step {graph}\n\n" + "\n\n".join(tables))
 
 
 def budget_mode(models: dict, a) -> None:

@@ -80,15 +80,17 @@ def decode_rows(models: dict, cfgs: dict, s: dict, memory: float, bw: float, flo
         cells.append(("planned", {name: planned_batch(m, context, s["steps"], s["prefill_chunk"] if cfgs[name].is_melt
                                                       else None, memory, cap) for name, m in models.items()}))
         for label, batches in cells:
-            if label == "batch 1":  # same batch: the models take turns within one run
-                measured = compare_decode(models, [1], [context], s["steps"], rounds=1,
-                                          prefill_chunk=s["prefill_chunk"])
+            if label == "batch 1":  # same batch: the models take turns within one run, each also with
+                # the static-shape step (a CUDA graph replayed per token on a GPU)
+                both = {**models, **{f"{name}-static": m for name, m in models.items()}}
+                measured = compare_decode(both, [1], [context], s["steps"], rounds=1, prefill_chunk=s["prefill_chunk"],
+                                          static=frozenset(n for n in both if n.endswith("-static")))
             else:  # each its own batch: one run each
                 measured = [r for name, m in models.items()
                             for r in compare_decode({name: m}, [batches[name]], [context], s["steps"], rounds=1,
                                                     prefill_chunk=s["prefill_chunk"], warm_up=False)]
             for r in measured:
-                cfg, b = cfgs[r["model"]], r["batch"]
+                cfg, b = cfgs[r["model"].removesuffix("-static")], r["batch"]
                 step_limit = decode_step_bytes(cfg, b, context) / bw
                 prefill_limit = b * context * forward_flops_per_token(cfg, context) / flops
                 rows.append({"section": "decode", "model": r["model"], "batch_kind": label, "batch": b,

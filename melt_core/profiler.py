@@ -30,6 +30,7 @@ from .config import ConfigError, ModelConfig
 from .early_exit import ExitRule, decode_step
 from .losses import kd_loss_sum
 from .model import LoopedLM
+from .static_decode import StaticDecode
 
 GB = 1e9  # decimal GB, as the paper's tables
 
@@ -196,7 +197,9 @@ def _prefill(model: LoopedLM, batch: int, context: int, steps: int, prefill_chun
 def _decode_step(model: LoopedLM, cache, token: Tensor,
                  exit_rule: ExitRule | None = None) -> tuple[Tensor, float]:
     t0 = time.perf_counter()
-    if exit_rule is None:
+    if isinstance(cache, StaticDecode):
+        logits = cache.decode(token)
+    elif exit_rule is None:
         logits = model(token, cache=cache, logits="last").logits[:, -1]
     else:  # real early exit: the loops a token skips are not run
         positions = torch.full_like(token, cache.seen)
@@ -221,18 +224,20 @@ def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_
 
 def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
                    rounds: int = 2, prefill_chunk: int | None = 256, warm_up: bool = True,
-                   burst: int = 4, exit_rules: dict[str, ExitRule] | None = None) -> list[dict]:
+                   burst: int = 4, exit_rules: dict[str, ExitRule] | None = None,
+                   static: frozenset[str] = frozenset()) -> list[dict]:
     """Every model at every (batch, context), side by side: each round prefills every model, then
     the models take turns decoding ``burst`` steps each, so a change in machine load hits all of
     them alike. Bursts rather than single steps: a model decoding keeps its weights and cache in
     the CPU's caches, and the median step of a burst sees that, as real decoding does (strict
     one-step alternation evicts them and hides MELT's smaller cache). Medians over steps and
     rounds; one discarded warm-up pass first (allocator, kernel set-up). ``exit_rules``: per model
-    name, decode with real early exit (melt_core/early_exit.py)."""
+    name, decode with real early exit (melt_core/early_exit.py). ``static``: the model names that
+    decode with the static-shape step (melt_core/static_decode.py), captured on a CUDA graph on a GPU."""
     exit_rules = exit_rules or {}
     if warm_up:
         compare_decode(models, [min(batches)], [min(contexts)], 2, 1, prefill_chunk, warm_up=False,
-                       exit_rules=exit_rules)
+                       exit_rules=exit_rules, static=static)
     rows = []
     for batch in batches:
         for context in contexts:
@@ -243,6 +248,10 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
                 state = {}
                 for name, model in models.items():
                     cache, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
+                    if name in static:
+                        cache = StaticDecode(model, cache)
+                        if token.is_cuda:
+                            cache.capture(token)
                     state[name] = (cache, token)
                     prefill[name].append(seconds)
                 this_round = {name: [] for name in models}

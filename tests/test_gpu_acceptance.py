@@ -29,7 +29,8 @@ def test_every_section_runs_and_stands_beside_its_limit(result):
     rows = data["rows"]
     decode = [r for r in rows if r["section"] == "decode"]
     assert {(r["model"], r["batch_kind"], r["context"]) for r in decode} == {
-        (m, k, c) for m in ("ouro", "melt") for k in ("batch 1", "planned") for c in (32, 64)}
+        (m, k, c) for m in ("ouro", "melt") for k in ("batch 1", "planned") for c in (32, 64)} | {
+        (f"{m}-static", "batch 1", c) for m in ("ouro", "melt") for c in (32, 64)}  # the static step beside
     for r in decode:  # a CPU is far below an H100's limits: measured / limit < 1, and both positive
         assert 0 < r["decode_tok_s"] < r["decode_limit_tok_s"] and 0 < r["prefill_tok_s"] < r["prefill_limit_tok_s"]
     planned = {r["model"]: r["batch"] for r in decode if r["batch_kind"] == "planned"}
