@@ -51,9 +51,9 @@ def cell(r: Results, model: str, column: str, per_seed: bool) -> str:
     if est is None:
         return "-"
     text = f"{est.mean:.1f} [{est.lo:.1f}, {est.hi:.1f}]"
-    rows = r._rows(model, column)
-    if per_seed and rows is not None and rows.seed.notna().any():
-        text += " (" + ", ".join(f"{v:.1f}" for v in rows.sort_values("seed").value) + ")"
+    seeds = r.per_seed(model, column) if per_seed else []
+    if seeds:
+        text += " (" + ", ".join(f"{v:.1f}" for v in seeds) + ")"
     return text
 
 

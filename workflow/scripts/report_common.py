@@ -73,6 +73,13 @@ class Results:
         hit = self._rows(model, paper_column)
         return float(hit.value.mean()) if hit is not None and len(hit) else None
 
+    def per_seed(self, model: str, paper_column: str) -> list[float]:
+        """Each training seed's own score (percent), in seed order; [] for a model without seeds."""
+        hit = self._rows(model, paper_column)
+        if hit is None or not hit.seed.notna().any():
+            return []
+        return [float(v) for v in hit.sort_values("seed").value]
+
     def estimate(self, model: str, paper_column: str) -> Estimate | None:
         """The score with its 95% interval over seeds and questions (verdicts.interval)."""
         scores = self.per_question(model, paper_column)
