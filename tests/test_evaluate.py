@@ -108,7 +108,7 @@ def test_window_variant_applies_to_melt_only(tmp_path):
     inference; an Ouro checkpoint has per-loop rows already, so asking it for a window is an error."""
     paths, teacher, student = tiny_setup(tmp_path, digits=3)
     model = load_model(ModelSpec("m@window-4", str(student), window=4))
-    assert model.config.window == 4 and model.new_cache(16).window == 4
-    assert load_model(ModelSpec("m", str(student))).new_cache(16).window == 0  # the checkpoint's own
+    assert model.config.window == 4 and model.new_cache(16).window.size == 4
+    assert load_model(ModelSpec("m", str(student))).new_cache(16).window is None  # the checkpoint's own
     with pytest.raises(ConfigError, match="model 'ouro@window-4': a sliding window applies to MELT checkpoints"):
         load_model(ModelSpec("ouro@window-4", str(teacher), window=4))
