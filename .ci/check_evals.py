@@ -54,8 +54,9 @@ def may_answer_alike(a: str, b: str) -> bool:
     return "untrained" in (a.kind, b.kind) or a.gate == b.gate
 
 
-def problems(outdir: Path, some_task: bool = False) -> list[str]:
-    by_task = completions_by_task(outdir)
+def problems(outdir: Path, some_task: bool = False, by_task: dict | None = None) -> list[str]:
+    """What fails the check (nothing: []); ``by_task``: completions_by_task(outdir), if read already."""
+    by_task = completions_by_task(outdir) if by_task is None else by_task
     if some_task:
         compared = {t: m for t, m in by_task.items() if len(m) > 1}
         if not compared:
@@ -80,12 +81,12 @@ if __name__ == "__main__":
     p.add_argument("outdir", type=Path)
     p.add_argument("--some-task", action="store_true", help="pass if the models differ on one task at least")
     a = p.parse_args()
-    found = problems(a.outdir, a.some_task)
+    tasks = completions_by_task(a.outdir)
+    found = problems(a.outdir, a.some_task, tasks)
     if found:
         print("EVAL CHECK FAILED (is each eval running the model it names?):\n- " + "\n- ".join(found[:20])
               + (f"\n- ... {len(found) - 20} more" if len(found) > 20 else ""))
         sys.exit(1)
-    tasks = completions_by_task(a.outdir)
     what = ("the models differ on one task at least" if a.some_task else
             "every two checkpoints that must differ gave different completions on every task")
     print(f"eval check passed: {len(tasks)} tasks under {a.outdir}; {what}")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.profiler import build_random, compare_decode, decode_ratio_table, save_benchmark
+from melt_core.profiler import build_random, compare_decode, decode_ratio_table, save_benchmark, with_static_twins
 from melt_core.shapes import SPEED_SHAPES
 
 
@@ -59,9 +59,8 @@ def main() -> None:
 
 def paths_mode(models: dict, a) -> None:
     """Each model's ordinary decode step against its static-shape step, the four in turn per round."""
-    both = {**models, **{f"{name}-static": m for name, m in models.items()}}
-    rows = compare_decode(both, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk,
-                          static=frozenset(n for n in both if n.endswith("-static")))
+    both, static = with_static_twins(models)
+    rows = compare_decode(both, a.batches, a.contexts, a.steps, a.rounds, a.prefill_chunk, static=static)
     tables = [decode_ratio_table(rows, name, f"{name}-static", (name, f"{name} static")) for name in models]
     graph = "captured on a CUDA graph" if a.device.startswith("cuda") else "eager (no graph on CPU)"
     save_benchmark(a.out, f"{a.shape}-paths", rows, f"shape {a.shape}, {a.dtype}, {a.device}, "

@@ -37,7 +37,7 @@ import melt_core.generate as gen
 from melt_core import ModelConfig, melt_from_ouro
 from melt_core.generate import SamplingParams
 from melt_core.plan import ASSUMPTIONS, decode_step_bytes, forward_flops_per_token, train_flops_per_token
-from melt_core.profiler import build_random, compare_decode, train_throughput
+from melt_core.profiler import build_random, compare_decode, train_throughput, with_static_twins
 from melt_core.shapes import SPEED_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,9 +82,9 @@ def decode_rows(models: dict, cfgs: dict, s: dict, memory: float, bw: float, flo
         for label, batches in cells:
             if label == "batch 1":  # same batch: the models take turns within one run, each also with
                 # the static-shape step (a CUDA graph replayed per token on a GPU)
-                both = {**models, **{f"{name}-static": m for name, m in models.items()}}
+                both, static = with_static_twins(models)
                 measured = compare_decode(both, [1], [context], s["steps"], rounds=1, prefill_chunk=s["prefill_chunk"],
-                                          static=frozenset(n for n in both if n.endswith("-static")))
+                                          static=static)
             else:  # each its own batch: one run each
                 measured = [r for name, m in models.items()
                             for r in compare_decode({name: m}, [batches[name]], [context], s["steps"], rounds=1,

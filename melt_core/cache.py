@@ -191,10 +191,21 @@ class KVCache:
         """Generation calls this after prefill; only caches that treat the prompt apart care."""
 
     # ---------------------------------------------------------------- early exit
+    @property
+    def writes_in_place(self) -> bool:
+        """Each (layer, loop) read writes the chunk's K/V into one store, in the slots where they
+        stay, and reads that store alone: no per-loop side rows (a window), no prompt kept apart, no
+        interpolation, and every loop writes (not first-loop sharing). Early exit needs it (a stopped
+        token's rows are already where later tokens read them) and so does the static decode step."""
+        return True
+
     def check_exits(self) -> None:
         """Raise unless this cache can let rows stop early (before a decode step with exits)."""
         if self.capacity is None:
             raise RuntimeError("early exit needs a preallocated cache (new_cache(capacity=...))")
+        if not self.writes_in_place:
+            raise ConfigError("early exit is implemented for MELT's cache and Ouro's (and last-loop sharing), "
+                              "not with a sliding window, first-loop sharing, a kept prompt or alpha < 1")
 
     def exit_rows(self, rows: Tensor, loop: int) -> None:
         """Batch ``rows`` stopped after ``loop`` (0-based) of this step's token."""
@@ -516,16 +527,10 @@ class SharedKVCache(KVCache):
             self._masks[key] = allowed
         return self._masks[key]
 
-    def check_exits(self):
+    @property
+    def writes_in_place(self):
         """A stopped token keeps the row its slot holds, its current memory's (h_t for MELT), so
-        exit_rows has nothing to copy. True of one row overwritten every loop; the window's
-        per-loop rows, first-loop sharing, a per-loop prompt and alpha < 1 are not done."""
-        super().check_exits()
-        if not self._one_row_per_token():
-            raise ConfigError("early exit is implemented for MELT's cache and Ouro's (and last-loop sharing), "
-                              "not with a sliding window, first-loop sharing, a kept prompt or alpha < 1")
-
-    def _one_row_per_token(self) -> bool:
+        exit_rows has nothing to copy: true of one row overwritten every loop."""
         return self.window is None and self.write_every_loop and self.ouro is None
 
     def _stores(self):
@@ -604,7 +609,8 @@ class KeptPromptSharedKVCache(SharedKVCache):
                 self.valid[:, None, None, :self.prompt_len].expand(-1, 1, self._chunk_len, -1)
         return self._masks[key]
 
-    def _one_row_per_token(self):
+    @property
+    def writes_in_place(self):
         return False
 
     def _buffered(self):

@@ -222,6 +222,13 @@ def decode_speed(model: LoopedLM, batch: int, context: int, steps: int, prefill_
     return row
 
 
+def with_static_twins(models: dict[str, LoopedLM]) -> tuple[dict[str, LoopedLM], frozenset[str]]:
+    """``models`` and, beside each, ``<name>-static``: the same model decoded with the static-shape
+    step; the second value is compare_decode's ``static``."""
+    twins = {f"{name}-static": m for name, m in models.items()}
+    return {**models, **twins}, frozenset(twins)
+
+
 def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
                    rounds: int = 2, prefill_chunk: int | None = 256, warm_up: bool = True,
                    burst: int = 4, exit_rules: dict[str, ExitRule] | None = None,

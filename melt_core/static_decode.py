@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cache import Block, CacheCapacityError, KeptPromptSharedKVCache, KVCache, LoopKVCache, SharedKVCache
+from .cache import Block, CacheCapacityError, KVCache, LoopKVCache, SharedKVCache
 from .config import ConfigError
 from .model import LoopedLM
 
@@ -38,16 +38,14 @@ class StaticView(KVCache):
 
     def __init__(self, cache: KVCache):
         super().__init__(cache.N, cache.T, cache.capacity)
-        melt = isinstance(cache, SharedKVCache)
-        if not isinstance(cache, (LoopKVCache, SharedKVCache)) or isinstance(cache, KeptPromptSharedKVCache) or (
-                melt and (cache.window is not None or not cache.write_every_loop or cache.ouro is not None)):
+        if not isinstance(cache, (LoopKVCache, SharedKVCache)) or not cache.writes_in_place:
             raise ConfigError("a static decode step covers MELT's cache, Ouro's per-loop cache and last-loop "
                               "sharing, not a sliding window, first-loop sharing, a kept prompt or Phase-1 "
                               "interpolation")
         if cache.capacity is None or cache._stores()[0]._buf is None:
             raise ConfigError("a static decode step needs a preallocated cache (new_cache(capacity=...)), "
                               "prefilled with the prompt first")
-        self.cache, self.melt, self.stores = cache, melt, cache._stores()
+        self.cache, self.melt, self.stores = cache, isinstance(cache, SharedKVCache), cache._stores()
         buf = self.stores[0]._buf[0]
         for store in self.stores:  # never-written memory may hold NaN, and 0 * NaN is not 0
             for b in store._buf:
@@ -98,15 +96,13 @@ class StaticDecode:
         return self.model(token, cache=self.view, positions=positions, logits="last").logits[:, -1]
 
     def advance(self) -> None:
-        """The token's rows are committed: the host counts, and the slot tensor in place."""
+        """The token's rows are committed: the stores' lengths, the cache's count and validity (its
+        own chunk bookkeeping, as after an ordinary one-token step), and the slot tensor in place."""
         cache = self.cache
-        if cache.seen >= cache.capacity:
-            raise CacheCapacityError(f"KV cache capacity {cache.capacity} tokens exceeded")
         for store in self.view.stores:
             store.length += 1
-        if cache.valid is not None:
-            cache.valid = torch.cat((cache.valid, cache.valid.new_ones(cache.valid.shape[0], 1)), dim=1)
-        cache.seen += 1
+        cache.begin_chunk(1, None)
+        cache.end_chunk()
         self.view.seen = cache.seen
         self.view.slot += 1
 
