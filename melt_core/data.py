@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,31 +255,44 @@ def load_mixture(sources: list[dict], seed: int = 0) -> list[dict]:
 # ----------------------------------------------------------------------------- rendering
 def render(record: dict, tokenizer, template: str) -> tuple[list[int], list[int]]:
     """Token ids and loss mask (1 = an assistant token to learn) for one chat record."""
-    ids, mask = [], []
+    return render_all([record], tokenizer, template)[0]
 
-    def add(text: str, learn: bool, special: bool = False):
-        piece = tokenizer.encode(text, add_special_tokens=False) if text else []
-        ids.extend(piece)
-        mask.extend([int(learn)] * len(piece))
 
-    if template == "plain":  # <bos> user assistant <eos>
-        ids.append(tokenizer.bos_token_id)
-        mask.append(0)
-        for m in record["messages"]:
-            add(m["content"], m["role"] == "assistant")
-        ids.append(tokenizer.eos_token_id)
-        mask.append(1)
-    elif template == "chatml-thinking":  # Ouro's chat template, thinking mode
-        for m in record["messages"]:
-            add(f"<|im_start|>{m['role']}\n", False)
-            content = m["content"]
-            if m["role"] == "assistant" and not content.startswith("<think>"):
-                content = "<think>\n" + content
-            add(content + "<|im_end|>", m["role"] == "assistant")
-            add("\n", False)
-    else:
+def render_all(records: list[dict], tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
+    """``render`` of every record, with one tokenizer call over all their text pieces (a training
+    set's 50,000 pieces took ~9 s of every phase job one ``encode`` at a time). Each piece is encoded
+    on its own either way, so the ids are the same."""
+    if template not in TEMPLATES:
         raise DataError(f"unknown chat template {template!r}; choose one of {TEMPLATES}")
-    return ids, mask
+    special = (tokenizer.bos_token_id, tokenizer.eos_token_id)
+    layouts = [_pieces(r, template, special) for r in records]  # per record: (text, learn) or (token id, learn)
+    texts = [piece for layout in layouts for piece, _ in layout if isinstance(piece, str) and piece]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    rendered = []
+    for layout in layouts:
+        ids, mask = [], []
+        for piece, learn in layout:
+            tokens = [piece] if isinstance(piece, int) else next(encoded) if piece else []
+            ids.extend(tokens)
+            mask.extend([int(learn)] * len(tokens))
+        rendered.append((ids, mask))
+    return rendered
+
+
+def _pieces(record: dict, template: str, special: tuple[int, int]) -> list[tuple[str | int, bool]]:
+    """What a record renders to, in order: text pieces (each encoded on its own, without special
+    tokens) or the ids of special tokens (``special``: BOS, EOS), each with whether the loss learns it."""
+    messages = record["messages"]
+    if template == "plain":  # <bos> user assistant <eos>
+        return [(special[0], False), *((m["content"], m["role"] == "assistant") for m in messages), (special[1], True)]
+    pieces = []  # chatml-thinking: Ouro's chat template, thinking mode
+    for m in messages:
+        content = m["content"]
+        if m["role"] == "assistant" and not content.startswith("<think>"):
+            content = "<think>\n" + content
+        pieces += [(f"<|im_start|>{m['role']}\n", False), (content + "<|im_end|>", m["role"] == "assistant"),
+                   ("\n", False)]
+    return pieces
 
 
 def prompt_text(record: dict, tokenizer, template: str) -> str:
@@ -318,27 +332,23 @@ class PackedData:
               pack: bool = True) -> PackedData:
         if not records:
             raise DataError("no training records: the dataset is empty")
-        stream_ids, stream_mask, rows_ids, rows_mask = [], [], [], []
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        for r in records:
-            ids, mask = render(r, tokenizer, template)
-            if not pack:
-                ids, mask = ids[:seq_len + 1], mask[:seq_len + 1]
-                fill = seq_len + 1 - len(ids)
-                rows_ids.append(ids + [pad] * fill)
-                rows_mask.append(mask + [0] * fill)
-                continue
-            stream_ids += ids
-            stream_mask += mask
-            while len(stream_ids) >= seq_len + 1:  # each row carries one extra token as its last target
-                rows_ids.append(stream_ids[:seq_len + 1])
-                rows_mask.append(stream_mask[:seq_len + 1])
-                stream_ids, stream_mask = stream_ids[seq_len:], stream_mask[seq_len:]
-        if not rows_ids:
-            raise DataError(f"the records hold fewer than seq_len+1={seq_len + 1} tokens in all; "
-                            "lower seq_len or add data")
-        ids = torch.tensor(rows_ids)
-        mask = torch.tensor(rows_mask)[:, 1:]
+        rendered = render_all(records, tokenizer, template)
+        if pack:  # one stream cut into rows of seq_len + 1, each row's last token the next row's first
+            # through array: torch.tensor reads a 1.7M-element list ten times slower
+            ids = torch.frombuffer(array("q", [t for r_ids, _ in rendered for t in r_ids]), dtype=torch.int64)
+            mask = torch.frombuffer(array("q", [m for _, r_mask in rendered for m in r_mask]), dtype=torch.int64)
+            if len(ids) < seq_len + 1:
+                raise DataError(f"the records hold fewer than seq_len+1={seq_len + 1} tokens in all; "
+                                "lower seq_len or add data")
+            ids, mask = (t.unfold(0, seq_len + 1, seq_len).contiguous() for t in (ids, mask))
+        else:  # one record a row, cut or padded to seq_len + 1
+            ids = torch.full((len(rendered), seq_len + 1), pad)
+            mask = torch.zeros((len(rendered), seq_len + 1), dtype=torch.long)
+            for row, (r_ids, r_mask) in enumerate(rendered):
+                n = min(len(r_ids), seq_len + 1)
+                ids[row, :n], mask[row, :n] = torch.tensor(r_ids[:n]), torch.tensor(r_mask[:n])
+        mask = mask[:, 1:]
         if int(mask.sum()) == 0:
             raise DataError("no token to learn: no assistant content survived rendering")
         return cls(ids, mask, seed)

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from melt_core.data import (
+    TEMPLATES,
     DataError,
     PackedData,
     build_char_tokenizer,
@@ -19,6 +20,7 @@ from melt_core.data import (
     normalise,
     read_jsonl,
     render,
+    render_all,
 )
 
 
@@ -119,6 +121,60 @@ def test_chatml_thinking_template_masks_only_the_assistant(tok):
     assert learned == "<think>\n3<|im_end|>"
     plain_ids, plain_mask = render(rec, tok, "plain")
     assert tok.decode([i for i, m in zip(plain_ids, plain_mask) if m]) == "3<eos>"
+
+
+@pytest.fixture(scope="module")
+def bpe_tok():
+    """A byte-level BPE tokenizer, as the hub's are: merges could join a piece to its neighbour."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [f"{a}+{b}={a + b} user assistant again three be brief" for a in range(60) for b in range(0, 60, 7)]
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+
+
+@pytest.mark.parametrize("which", ["char", "bpe"])
+def test_batched_rendering_equals_encoding_each_piece_alone(which, request):
+    """render_all encodes every record's pieces in one tokenizer call; the ids must be those of
+    encoding each piece on its own (a piece never merges with its neighbour's tokens)."""
+    tok = request.getfixturevalue({"char": "tok", "bpe": "bpe_tok"}[which])
+    recs = [digit_sum_example(random.Random(i), 5) for i in range(6)]
+    recs += [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+2 "},
+                           {"role": "assistant", "content": ""}, {"role": "user", "content": "again"},
+                           {"role": "assistant", "content": "<think>\nthree"}]}]
+
+    def alone(text):
+        return tok.encode(text, add_special_tokens=False) if text else []
+
+    for template in TEMPLATES:
+        got = render_all(recs, tok, template)
+        assert got == [render(r, tok, template) for r in recs]
+        for r, (ids, mask) in zip(recs, got):
+            if template == "plain":
+                want = [tok.bos_token_id] + [t for m in r["messages"] for t in alone(m["content"])] + [tok.eos_token_id]
+            else:
+                want = [t for m in r["messages"] for text in (
+                    f"<|im_start|>{m['role']}\n",
+                    ("" if m["role"] != "assistant" or m["content"].startswith("<think>") else "<think>\n")
+                    + m["content"] + "<|im_end|>", "\n") for t in alone(text)]
+            assert ids == want and len(mask) == len(ids)
+    with pytest.raises(DataError, match="unknown chat template 'chatml'"):
+        render_all(recs, tok, "chatml")
+
+
+def test_unpacked_rows_are_records_cut_or_padded(tok):
+    recs = [digit_sum_example(random.Random(i), 2 + 3 * i) for i in range(3)]
+    data = PackedData.build(recs, tok, "plain", seq_len=12, pack=False)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    for row, mask_row, r in zip(data.ids.tolist(), data.loss_mask.tolist(), recs):
+        ids, mask = render(r, tok, "plain")
+        n = min(len(ids), 13)
+        assert row == ids[:n] + [pad] * (13 - n) and mask_row == (mask[:n] + [0] * (13 - n))[1:]
 
 
 def test_packing_keeps_every_token_and_batches_are_deterministic(tok):
