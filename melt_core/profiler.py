@@ -15,6 +15,7 @@ Every figure is labelled ``measured`` (read off real tensors or clocks) or ``ana
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import time
@@ -240,8 +241,14 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
     one-step alternation evicts them and hides MELT's smaller cache). Medians over steps and
     rounds; one discarded warm-up pass first (allocator, kernel set-up). ``exit_rules``: per model
     name, decode with real early exit (melt_core/early_exit.py). ``static``: the model names that
-    decode with the static-shape step (melt_core/static_decode.py), captured on a CUDA graph on a GPU."""
+    decode with the static-shape step (melt_core/static_decode.py), captured on a CUDA graph on a GPU.
+    One model under several names (its exit rules, its static twin) is prefilled once a round and
+    each name decodes its own copy of that cache: their prefill is the same computation, and at a
+    real shape on a CPU it is what a run spends most of its time on."""
     exit_rules = exit_rules or {}
+    paths: dict[int, list[str]] = {}  # one model under several names (exit rules, static twins): one prefill
+    for name, model in models.items():
+        paths.setdefault(id(model), []).append(name)
     if warm_up:
         compare_decode(models, [min(batches)], [min(contexts)], 2, 1, prefill_chunk, warm_up=False,
                        exit_rules=exit_rules, static=static)
@@ -253,14 +260,17 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
             round_step_s = {name: [] for name in models}  # each round's median step
             for _ in range(rounds):
                 state = {}
-                for name, model in models.items():
-                    cache, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
-                    if name in static:
-                        cache = StaticDecode(model, cache)
-                        if token.is_cuda:
-                            cache.capture(token)
-                    state[name] = (cache, token)
-                    prefill[name].append(seconds)
+                for names in paths.values():
+                    model = models[names[0]]
+                    prefilled, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
+                    for i, name in enumerate(names):  # each decode path of the model its own copy
+                        cache = prefilled if i == len(names) - 1 else copy.deepcopy(prefilled)
+                        if name in static:
+                            cache = StaticDecode(model, cache)
+                            if token.is_cuda:
+                                cache.capture(token)
+                        state[name] = (cache, token)
+                        prefill[name].append(seconds)
                 this_round = {name: [] for name in models}
                 for start in range(0, steps, burst):
                     for name, model in models.items():

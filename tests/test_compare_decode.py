@@ -1,0 +1,66 @@
+"""melt_core.profiler.compare_decode: the side-by-side timing loop every decode benchmark uses.
+One model under several names (exit rules, static twins) is prefilled once a round; each name must
+still decode its own cache, from the prefilled state, as if it had prefilled alone."""
+
+import torch
+
+from melt_core import profiler
+from melt_core.config import ModelConfig
+from melt_core.early_exit import ExitRule
+from melt_core.profiler import build_random, compare_decode, with_static_twins
+from melt_core.shapes import SPEED_SHAPES
+
+
+def test_one_prefill_per_model_each_name_its_own_cache(monkeypatch):
+    torch.manual_seed(0)
+    ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES["tiny"]), torch.float32)
+    melt = profiler.melt_from_ouro(ouro)
+    models, static = with_static_twins({"ouro": ouro, "melt": melt})
+    models["melt@1"] = melt
+    rules = {"melt@1": ExitRule(exit_at_loop=1)}
+    prefills, caches, seen = [], [], {}  # caches: held, so no two share an id
+    real_prefill, real_step = profiler._prefill, profiler._decode_step
+
+    def prefill(model, *a, **k):
+        prefills.append(model)
+        return real_prefill(model, *a, **k)
+
+    def step(model, cache, token, exit_rule=None):
+        rows = cache.cache.seen if isinstance(cache, profiler.StaticDecode) else cache.seen
+        if not any(c is cache for c in caches):
+            caches.append(cache)
+        seen.setdefault(id(cache), []).append(rows)
+        return real_step(model, cache, token, exit_rule)
+
+    monkeypatch.setattr(profiler, "_prefill", prefill)
+    monkeypatch.setattr(profiler, "_decode_step", step)
+    rows = compare_decode(models, [1], [12], steps=5, rounds=2, prefill_chunk=4, warm_up=False,
+                          exit_rules=rules, static=static)
+    assert [m is ouro for m in prefills] == [True, False, True, False]  # two models, two rounds
+    assert len(seen) == 2 * len(models)  # every name a cache of its own, every round
+    assert all(v == [12, 13, 14, 15, 16] for v in seen.values())  # each from the prefilled 12 rows on
+    by = {r["model"]: r for r in rows}
+    assert by["melt"]["ttft_s"] == by["melt-static"]["ttft_s"] == by["melt@1"]["ttft_s"]
+
+
+def test_the_shared_prefill_decodes_what_a_prefill_of_its_own_does():
+    """Greedy tokens after a copied cache equal those after a fresh prefill of the same prompt."""
+    torch.manual_seed(0)
+    melt = profiler.melt_from_ouro(build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES["tiny"]), torch.float32))
+    ids = torch.randint(1, melt.config.vocab_size, (2, 10))
+
+    def greedy(cache, token, n=4):
+        out = []
+        for _ in range(n):
+            token = melt(token, cache=cache, logits="last").logits[:, -1].argmax(-1, keepdim=True)
+            out.append(token)
+        return torch.cat(out, 1)
+
+    with torch.no_grad():
+        cache = melt.new_cache(capacity=20)
+        token = melt(ids, cache=cache, chunk_size=4, logits="last").logits[:, -1].argmax(-1, keepdim=True)
+        copied = profiler.copy.deepcopy(cache)
+        first = greedy(copied, token)
+        fresh = melt.new_cache(capacity=20)
+        melt(ids, cache=fresh, chunk_size=4, logits="last")
+        assert first.equal(greedy(fresh, token)) and first.equal(greedy(cache, token))
