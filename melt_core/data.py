@@ -260,7 +260,7 @@ def render(record: dict, tokenizer, template: str) -> tuple[list[int], list[int]
 
 def render_all(records: list[dict], tokenizer, template: str) -> list[tuple[list[int], list[int]]]:
     """``render`` of every record, with one tokenizer call over all their text pieces (a training
-    set's 50,000 pieces took ~9 s of every phase job one ``encode`` at a time). Each piece is encoded
+    set's 50,000 pieces took 7-13 s of every phase job one ``encode`` at a time). Each piece is encoded
     on its own either way, so the ids are the same."""
     if template not in TEMPLATES:
         raise DataError(f"unknown chat template {template!r}; choose one of {TEMPLATES}")
@@ -335,7 +335,7 @@ class PackedData:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         rendered = render_all(records, tokenizer, template)
         if pack:  # one stream cut into rows of seq_len + 1, each row's last token the next row's first
-            # through array: torch.tensor reads a 1.7M-element list ten times slower
+            # through array: torch.tensor reads a 1.7M-element list ~6x slower (0.31 s against 0.05 s here)
             ids = torch.frombuffer(array("q", [t for r_ids, _ in rendered for t in r_ids]), dtype=torch.int64)
             mask = torch.frombuffer(array("q", [m for _, r_mask in rendered for m in r_mask]), dtype=torch.int64)
             if len(ids) < seq_len + 1:
