@@ -68,11 +68,14 @@ def test_requeued_job_resumes_bitwise(setup, monkeypatch):
         for script in (out / "submitit").glob("*_submission.sh"):  # this launch's job, not earlier ones
             jid = script.name.split("_")[0]
             requeued[jid] = subprocess.run(["scontrol", "requeue", jid], capture_output=True, text=True).returncode
-            # a requeued job waits ~2 min (begin-time hold) before it may start again: lift that
-            for _ in range(50):
-                time.sleep(0.2)
-                if subprocess.run(["scontrol", "update", f"JobId={jid}", "StartTime=now"],
-                                  capture_output=True).returncode == 0:
+            # a requeued job waits ~2 min (begin-time hold) before it may start again: lift that once
+            # it is pending again (while it completes, SLURM sets the hold after our update)
+            until = time.time() + 60
+            while time.time() < until:
+                time.sleep(0.5)
+                state = subprocess.run(["squeue", "-h", "-j", jid, "-o", "%T"], capture_output=True, text=True)
+                if state.stdout.strip() == "PENDING" and subprocess.run(
+                        ["scontrol", "update", f"JobId={jid}", "StartTime=now"], capture_output=True).returncode == 0:
                     break
 
     watcher = threading.Thread(target=requeue_when_checkpointed)
