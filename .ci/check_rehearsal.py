@@ -33,8 +33,10 @@ out = ROOT / [c["outdir"] for c in layers if "outdir" in c][-1].replace("{paper_
 cfg = yaml.safe_load((out / "config.resolved.yaml").read_text())  # what the rehearsal ran with
 paper, rehearsal = plan("config/paper.yaml"), plan(*files)
 # eval.group_tasks packs the tasks the rehearsal leaves unsharded into one job per model (rule
-# eval_model, the same script); every other rule is the paper DAG's
-packing = {"eval_model"} if cfg["eval"].get("group_tasks") else set()
+# eval_model, the same script), eval.group_models those of several models (rules eval_teacher and
+# eval_seed); every other rule is the paper DAG's
+packing = ({"eval_model"} if cfg["eval"].get("group_tasks") else set()) | (
+    {"eval_teacher", "eval_seed"} if cfg["eval"].get("group_tasks") and cfg["eval"].get("group_models") else set())
 if set(paper) != set(rehearsal) - packing:
     problems.append(f"rules differ from the paper DAG: {sorted(set(paper) ^ (set(rehearsal) - packing))}")
 # the same jobs, except the profiled shapes and the eval shards (a job size) the rehearsal trims

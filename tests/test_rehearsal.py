@@ -43,7 +43,7 @@ def _flat(d, prefix=""):
 
 
 # what a rehearsal may change: sizes, where bytes come from (and its own name and outputs), and how
-# the tasks its sizes leave unsharded are packed into jobs (eval.group_tasks)
+# the tasks its sizes leave unsharded are packed into jobs (eval.group_tasks, eval.group_models)
 ALLOWED = [r"overlays", r"name", r"outdir", r"mlflow\..*",
            r"source\.(repo_id|revision|cache_dir|sha256\..*)",
            r"dense_baselines\..+\.(repo_id|revision|cache_dir|sha256\..*)",
@@ -51,7 +51,7 @@ ALLOWED = [r"overlays", r"name", r"outdir", r"mlflow\..*",
            r"train\.(chunk_size|seq_len|batch_size|micro_batch_size|checkpoint_every)",
            r"phases\.[^.]+\.steps",
            r"launcher\.(tasks_per_node|gpus_per_node|cpus_per_task|timeout_min|mem_gb)",
-           r"eval\.(batch_size|group_tasks)",
+           r"eval\.(batch_size|group_tasks|group_models)",
            r"eval\.tasks\.[^.]+\.(data_dir|samples|ks|max_new_tokens|select\.n|shards)",
            r"early_exit\.(limit|exit_gate_steps|exit_gate_batch)",
            r"profile\.(shapes|kv_tokens|speed_shape|real_shape_speed_context|speed_contexts|loops_sweep"
@@ -123,3 +123,27 @@ def test_benchmark_copies_have_the_real_datasets_columns_and_types():
         assert _schema(copy_rows) == _schema(real_rows), task
     for row in copies["humaneval"]["test.jsonl"]:
         assert parse_tests(row["test"], row["prompt"]).kind == "io" and "import numpy as np" in row["test"]
+
+
+def test_every_shard_of_a_sharded_task_has_questions(tmp_path):
+    """A shard job of the rehearsal asks at least one question (an empty shard rehearses nothing of
+    the eval): each sharded task's copy, read through `datasets` as the eval reads it, split by the
+    eval's own filter (melt_core.lighteval_tasks.InShard)."""
+    import json
+
+    from datasets import load_dataset
+
+    from melt_core.lighteval_tasks import InShard
+
+    tasks = _load("rehearsal.yaml")["eval"]["tasks"]
+    sharded = {t: s["shards"] for t, s in tasks.items() if s["shards"] > 1}
+    assert sharded and set(sharded.values()) == {rehearsal.REHEARSAL_SHARDS}
+    copies = rehearsal.benchmark_datasets()
+    for task, n in sharded.items():
+        for rel, rows in copies[task].items():
+            path = tmp_path / task / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            data = load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+            asked = [sum(InShard([k, n])(row) for row in data) for k in range(n)]
+            assert all(asked) and sum(asked) == len(rows), (task, rel, asked)

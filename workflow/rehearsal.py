@@ -88,6 +88,21 @@ GPQA_OTHER_COLUMNS = {
     "Canary String": ""}
 
 
+REHEARSAL_SHARDS = 2  # config/rehearsal.yaml's eval.tasks.math500.shards
+
+
+def _every_shard_asked(row, pairs, more) -> list[dict]:
+    """``row(i, q, a)`` for each (question, answer) pair, then for more pairs (``more(1)``) until
+    every one of the rehearsal's shards holds a question (melt_core.inference.in_shard): a shard
+    job with nothing to ask would rehearse nothing."""
+    from melt_core.inference import in_shard
+
+    rows = [row(i, q, a) for i, (q, a) in enumerate(pairs)]
+    while not all(any(in_shard(r, [k, REHEARSAL_SHARDS]) for r in rows) for k in range(REHEARSAL_SHARDS)):
+        rows.append(row(len(rows), *more(1)[0]))
+    return rows
+
+
 def benchmark_datasets(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
     """task -> {relative file: rows}, each file ``[<subset>/]<split>.jsonl`` in the hub columns."""
     from melt_core.code_tasks import evalplus_test
@@ -112,9 +127,9 @@ def benchmark_datasets(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
                                       for i, (q, a) in enumerate(qa(3))]}
     sets["amc23"] = {"test.jsonl": [{"id": i, "question": q, "answer": float(a), "url": ""}
                                     for i, (q, a) in enumerate(qa(3))]}
-    sets["math500"] = {"test.jsonl": [{"problem": q, "solution": f"$\\boxed{{{a}}}$", "answer": a,
-                                       "subject": "Algebra", "level": 1, "unique_id": f"test/{i}.json"}
-                                      for i, (q, a) in enumerate(qa(3))]}
+    sets["math500"] = {"test.jsonl": _every_shard_asked(
+        lambda i, q, a: {"problem": q, "solution": f"$\\boxed{{{a}}}$", "answer": a, "subject": "Algebra",
+                         "level": 1, "unique_id": f"test/{i}.json"}, qa(3), qa)}
     sets["olympiadbench"] = {"train.jsonl": [
         {"id": i, "question": q, "solution": [f"{q} = {a}"], "final_answer": [f"${a}$"], "context": None,
          **{f"image_{k}": None for k in range(1, 6)}, "modality": "Text-only", "difficulty": "Competition",
