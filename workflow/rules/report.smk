@@ -3,6 +3,15 @@
 
 PAPER_VALUES = "workflow/resources/paper_values.yaml"  # an input: a corrected paper number rerenders
 
+# The report renders where Snakemake runs (on a cluster, the login node): seconds of pandas and
+# matplotlib each, which as cluster jobs would wait in the queue behind GPU work and pay a job's
+# start-up (~6 s of in-job Snakemake on the CI cluster) for every one of its ~16 jobs.
+localrules:
+    gather,
+    table,
+    figure,
+    claims,
+
 
 rule gather:
     """Every eval, profile and training record gathered into tidy CSVs under summary/."""
