@@ -80,8 +80,6 @@ if GROUPED_MODELS:
         params:
             **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: TEACHER_MODELS),
             mlflow=mlflow_spec("eval"),
-        # the longest eval jobs (many models each) start before the one-task ones, which fill the gaps
-        priority: 2
         threads: 1
         log:
             [f"{OUT}/logs/eval-{m}/{t}.log" for m in TEACHER_MODELS for t in GROUPED_TASKS],
@@ -102,7 +100,6 @@ if GROUPED_MODELS:
         params:
             **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: seed_models(wc.seed)),
             mlflow=mlflow_spec("eval"),
-        priority: 2
         threads: 1
         log:
             [f"{OUT}/logs/eval-{m}/{t}.log" for m in seed_models("{seed}") for t in GROUPED_TASKS],

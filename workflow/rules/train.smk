@@ -32,8 +32,8 @@ rule phase:
     # so on 2 cores two phases train side by side; on a cluster the submitit job sets its own
     threads: 1
     # Where jobs wait for cores: the long jobs first (teacher 10, conversions 5, the early-exit sweeps 4,
-    # phases 3, the evals of many models in one job 2, profiling 1), the ~20 s evals (0) fill the gaps
-    # and the end, so the last minutes are short jobs side by side rather than one phase training alone
+    # phases 3, profiling 1), the ~20 s evals (0) fill the gaps and the end, so the last minutes are
+    # short jobs side by side rather than one phase training alone
     priority: 3
     localrule: config["launcher"]["backend"] == "slurm"
     log:
