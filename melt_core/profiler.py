@@ -233,7 +233,7 @@ def with_static_twins(models: dict[str, LoopedLM]) -> tuple[dict[str, LoopedLM],
 def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: list[int], steps: int,
                    rounds: int = 2, prefill_chunk: int | None = 256, warm_up: bool = True,
                    burst: int = 4, exit_rules: dict[str, ExitRule] | None = None,
-                   static: frozenset[str] = frozenset()) -> list[dict]:
+                   static: frozenset[str] = frozenset(), prefill_budget_s: float = 2.0) -> list[dict]:
     """Every model at every (batch, context), side by side: each round prefills every model, then
     the models take turns decoding ``burst`` steps each, so a change in machine load hits all of
     them alike. Bursts rather than single steps: a model decoding keeps its weights and cache in
@@ -244,7 +244,13 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
     decode with the static-shape step (melt_core/static_decode.py), captured on a CUDA graph on a GPU.
     One model under several names (its exit rules, its static twin) is prefilled once a round and
     each name decodes its own copy of that cache: their prefill is the same computation, and at a
-    real shape on a CPU it is what a run spends most of its time on."""
+    real shape on a CPU it is what a run spends most of its time on. ``prefill_budget_s``: a model
+    is prefilled again in a later round only while its prefills at this (batch, context) took less
+    than this many seconds in all; after that each round decodes from a copy of its last prefilled
+    cache (decode time depends on the cache's shape, not its tokens). A long prefill (MELT's exact
+    token-by-token prefill of 512 tokens: 512 sequential steps, ~30 s on a CPU) is already the sum
+    of many timed steps, so repeating it buys no precision and costs the whole prefill each round;
+    a short one (Ouro's, a fraction of a second) is timed every round, its median over them."""
     exit_rules = exit_rules or {}
     paths: dict[int, list[str]] = {}  # one model under several names (exit rules, static twins): one prefill
     for name, model in models.items():
@@ -258,19 +264,27 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
             prefill = {name: [] for name in models}
             step_s = {name: [] for name in models}
             round_step_s = {name: [] for name in models}  # each round's median step
-            for _ in range(rounds):
+            kept = {}  # per model: its prefilled (cache, token) while later rounds decode from copies of it
+            for r in range(rounds):
                 state = {}
-                for names in paths.values():
+                for key, names in paths.items():
                     model = models[names[0]]
-                    prefilled, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
+                    if key not in kept:
+                        prefilled, token, seconds = _prefill(model, batch, context, steps, prefill_chunk)
+                        for name in names:
+                            prefill[name].append(seconds)
+                    else:
+                        prefilled, token = kept[key]
+                    reused = r + 1 < rounds and sum(prefill[names[0]]) >= prefill_budget_s
+                    if reused:
+                        kept[key] = (prefilled, token)
                     for i, name in enumerate(names):  # each decode path of the model its own copy
-                        cache = prefilled if i == len(names) - 1 else copy.deepcopy(prefilled)
+                        cache = prefilled if i == len(names) - 1 and not reused else copy.deepcopy(prefilled)
                         if name in static:
                             cache = StaticDecode(model, cache)
                             if token.is_cuda:
                                 cache.capture(token)
                         state[name] = (cache, token)
-                        prefill[name].append(seconds)
                 this_round = {name: [] for name in models}
                 for start in range(0, steps, burst):
                     for name, model in models.items():

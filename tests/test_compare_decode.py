@@ -43,6 +43,33 @@ def test_one_prefill_per_model_each_name_its_own_cache(monkeypatch):
     assert by["melt"]["ttft_s"] == by["melt-static"]["ttft_s"] == by["melt@1"]["ttft_s"]
 
 
+def test_a_prefill_past_its_budget_is_timed_once_and_every_round_decodes_a_copy(monkeypatch):
+    """A model whose prefill took its budget is not prefilled again: later rounds decode from a copy
+    of that one prefilled cache, each from the prefilled rows on, and each round still times decode."""
+    torch.manual_seed(0)
+    ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES["tiny"]), torch.float32)
+    models = {"ouro": ouro, "melt": profiler.melt_from_ouro(ouro)}
+    prefills, caches, seen = [], [], []
+    real_prefill, real_step = profiler._prefill, profiler._decode_step
+
+    def prefill(model, *a, **k):
+        prefills.append(model)
+        return real_prefill(model, *a, **k)
+
+    def step(model, cache, token, exit_rule=None):
+        if not any(c is cache for c in caches):
+            caches.append(cache)
+            seen.append(cache.seen)
+        return real_step(model, cache, token, exit_rule)
+
+    monkeypatch.setattr(profiler, "_prefill", prefill)
+    monkeypatch.setattr(profiler, "_decode_step", step)
+    rows = compare_decode(models, [1], [12], steps=3, rounds=3, prefill_chunk=4, warm_up=False, prefill_budget_s=0.0)
+    assert [m is ouro for m in prefills] == [True, False]  # once each, not once a round
+    assert seen == [12] * 6  # two models x three rounds, each a fresh copy of the 12 prefilled rows
+    assert all(len(r["decode_tok_s_rounds"]) == 3 for r in rows)
+
+
 def test_the_shared_prefill_decodes_what_a_prefill_of_its_own_does():
     """Greedy tokens after a copied cache equal those after a fresh prefill of the same prompt."""
     torch.manual_seed(0)
