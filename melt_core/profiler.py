@@ -234,23 +234,23 @@ def compare_decode(models: dict[str, LoopedLM], batches: list[int], contexts: li
                    rounds: int = 2, prefill_chunk: int | None = 256, warm_up: bool = True,
                    burst: int = 4, exit_rules: dict[str, ExitRule] | None = None,
                    static: frozenset[str] = frozenset(), prefill_budget_s: float = 2.0) -> list[dict]:
-    """Every model at every (batch, context), side by side: each round prefills every model, then
-    the models take turns decoding ``burst`` steps each, so a change in machine load hits all of
-    them alike. Bursts rather than single steps: a model decoding keeps its weights and cache in
-    the CPU's caches, and the median step of a burst sees that, as real decoding does (strict
-    one-step alternation evicts them and hides MELT's smaller cache). Medians over steps and
-    rounds; one discarded warm-up pass first (allocator, kernel set-up). ``exit_rules``: per model
-    name, decode with real early exit (melt_core/early_exit.py). ``static``: the model names that
-    decode with the static-shape step (melt_core/static_decode.py), captured on a CUDA graph on a GPU.
-    One model under several names (its exit rules, its static twin) is prefilled once a round and
-    each name decodes its own copy of that cache: their prefill is the same computation, and at a
-    real shape on a CPU it is what a run spends most of its time on. ``prefill_budget_s``: a model
-    is prefilled again in a later round only while its prefills at this (batch, context) took less
-    than this many seconds in all; after that each round decodes from a copy of its last prefilled
-    cache (decode time depends on the cache's shape, not its tokens). A long prefill (MELT's exact
-    token-by-token prefill of 512 tokens: 512 sequential steps, ~30 s on a CPU) is already the sum
-    of many timed steps, so repeating it buys no precision and costs the whole prefill each round;
-    a short one (Ouro's, a fraction of a second) is timed every round, its median over them."""
+    """Every model at every (batch, context), side by side: each round prefills every model (or, past
+    ``prefill_budget_s``, copies its prefilled cache), then the models take turns decoding ``burst`` steps
+    each, so a change in machine load hits all of them alike. Bursts rather than single steps: a model
+    decoding keeps its weights and cache in the CPU's caches, and the median step of a burst sees that, as
+    real decoding does (strict one-step alternation evicts them and hides MELT's smaller cache). Medians over
+    steps and rounds; one discarded warm-up pass first (allocator, kernel set-up). ``exit_rules``: per model
+    name, decode with real early exit (melt_core/early_exit.py). ``static``: the model names that decode with
+    the static-shape step (melt_core/static_decode.py), captured on a CUDA graph on a GPU. One model under
+    several names (its exit rules, its static twin) is prefilled once a round and each name decodes its own
+    copy of that cache: their prefill is the same computation, and at a real shape on a CPU it is what a run
+    spends most of its time on. ``prefill_budget_s``: a model is prefilled again in a later round only while
+    its prefills at this (batch, context) took less than this many seconds in all; after that each round
+    decodes from a copy of its last prefilled cache (decode time depends on the cache's shape, not its
+    tokens). A long prefill (MELT's exact token-by-token prefill of 512 tokens: 512 sequential steps, ~30 s on
+    a CPU) is already the sum of many timed steps, so repeating it buys no precision and costs the whole
+    prefill each round; a short one (Ouro's, a fraction of a second) is timed every round, its median over
+    them."""
     exit_rules = exit_rules or {}
     paths: dict[int, list[str]] = {}  # one model under several names (exit rules, static twins): one prefill
     for name, model in models.items():
