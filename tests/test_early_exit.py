@@ -11,7 +11,7 @@ from helpers import make_melt
 from numerics import assert_same_function
 
 from melt_core import ConfigError
-from melt_core.early_exit import ExitRule, decode_step, exit_gate_loss
+from melt_core.early_exit import ExitRule, decode_step, exit_gate_loss, train_exit_gate
 from melt_core.generate import SamplingParams, generate
 
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8], [40, 41]]
@@ -209,3 +209,49 @@ def test_a_checkpoints_own_exit_defaults_are_used_not_ignored(ouro):
                 {"early_exit_step": -1}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             stepped.replace(**bad)
+
+
+def _refit_step_by_step(model, batches, steps, lr):
+    """The refit as its definition reads: each step the model's forward, the loss, one AdamW step."""
+    gate = model.model.early_exit_gate
+    model.requires_grad_(False)
+    gate.requires_grad_(True)
+    opt = torch.optim.AdamW(gate.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for step in range(steps):
+        ids, mask = batches(step)
+        out = model(ids[:, :-1], logits="all")
+        loss = exit_gate_loss(out.per_loop_logits, out.exit_logits, ids[:, 1:], mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("kind", ["ouro", "melt"])
+def test_exit_gate_refit_forward_in_groups_equals_step_by_step(ouro, kind):
+    """train_exit_gate runs the frozen model once for several steps' batches and applies each step's
+    current gate to the captured states: the same losses and fitted gate as a forward every step
+    (group 1: the same ops on the same shapes, so the same bits; groups: other matmul shapes, so
+    float32 rounding apart at most), and the model's other weights untouched."""
+    model = build(ouro, kind)[0]
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randint(3, model.config.vocab_size, (2, 9), generator=g), torch.ones(2, 8)) for _ in range(5)]
+    data[2][1][0, :4] = 0  # a masked stretch
+    reference = copy.deepcopy(model)
+    want = _refit_step_by_step(reference, data.__getitem__, 5, lr=0.05)
+    for group in (1, 2, 8):
+        fitted = copy.deepcopy(model)
+        got = train_exit_gate(fitted, data.__getitem__, 5, lr=0.05, group=group)
+        gate, ref_gate = fitted.model.early_exit_gate, reference.model.early_exit_gate
+        if group == 1:
+            assert got == want and gate.weight.equal(ref_gate.weight) and gate.bias.equal(ref_gate.bias)
+        else:
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+            torch.testing.assert_close(gate.weight, ref_gate.weight, rtol=1e-5, atol=1e-6)
+        assert not gate.weight.equal(model.model.early_exit_gate.weight)  # it moved: a stale gate would show
+        assert all(p.equal(q) for (n, p), (_, q) in zip(fitted.named_parameters(), model.named_parameters())
+                   if "early_exit_gate" not in n)
+        assert all(p.requires_grad for p in fitted.parameters())
+
