@@ -254,4 +254,3 @@ def test_exit_gate_refit_forward_in_groups_equals_step_by_step(ouro, kind):
         assert all(p.equal(q) for (n, p), (_, q) in zip(fitted.named_parameters(), model.named_parameters())
                    if "early_exit_gate" not in n)
         assert all(p.requires_grad for p in fitted.parameters())
-

@@ -38,10 +38,11 @@ with rule_context(sm, "early_exit") as log:
                                 seed=sm.params.seed)
         refit = copy.deepcopy(model).to(device)
         batch = sweep["exit_gate_batch"]
-        # the frozen model's token-by-token forward over eight steps' batches at once: the same fit,
-        # a third of the time (melt_core.early_exit.train_exit_gate)
+        # exit_gate_group: the frozen model's forward over that many steps' batches at once, the same
+        # fit (melt_core.early_exit.train_exit_gate)
         losses = train_exit_gate(refit, lambda s: tuple(t.to(device) for t in data.batch(s, batch)), steps,
-                                 sweep["exit_gate_lr"], log, prefix="early_exit/exit_gate", group=8)
+                                 sweep["exit_gate_lr"], log, prefix="early_exit/exit_gate",
+                                 group=sweep["exit_gate_group"])
         stamp(f"exit gate refit: {steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         refit.eval()
         variants.append(("refit gate", refit))
