@@ -97,14 +97,25 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+EXIT_TIMINGS = ("seconds", "tokens_per_s")  # an early-exit sweep row's measurements of the machine
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
 def artifacts(outdir: Path) -> dict[str, str]:
-    """What a run computed, by relative path: weights' bytes, and each eval's per-question
-    completions and scores (its timings left out: a machine's speed, not its arithmetic)."""
+    """What a run computed, by relative path: weights' bytes, each eval's per-question completions
+    and scores, and each early-exit sweep's rows (accuracy, loops used, every question's score, from
+    the refit exit gate); timings left out: a machine's speed, not its arithmetic."""
     found = {str(p.relative_to(outdir)): sha(p) for p in sorted(outdir.glob("**/*.safetensors"))}
     for p in sorted((outdir / "eval").glob("**/*.json")):
         d = json.loads(p.read_text())
-        kept = {"metrics": d.get("metrics"), "details": d.get("details")}
-        found[str(p.relative_to(outdir))] = hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+        found[str(p.relative_to(outdir))] = _digest({"metrics": d.get("metrics"), "details": d.get("details")})
+    for p in sorted((outdir / "early_exit").glob("*.json")):
+        rows = json.loads(p.read_text())["rows"]
+        found[str(p.relative_to(outdir))] = _digest([{k: v for k, v in r.items() if k not in EXIT_TIMINGS}
+                                                     for r in rows])
     return found
 
 
@@ -191,7 +202,7 @@ def main() -> None:
              + (f" --seeds {' '.join(map(str, a.seeds))}" if a.seeds else "") + "`.", ""]
     lines += [f"- {m}: {desc}; {walls[m] / 60:.1f} min" for m, (desc, _, _) in MACHINES.items()]
     lines += ["", f"Compared: {len(fa.keys() | fb.keys())} artifacts (every checkpoint's weights, every eval's "
-              f"per-question completions and scores): "
+              f"per-question completions and scores, every early-exit sweep's rows): "
               + ("**bitwise identical**." if not differ
                  else f"**{len(differ)} differ**: " + ", ".join(differ[:20])), ""]
     lines += ["## Accuracy (mean over seeds, %)", "", "| model | task | metric | A | B |", "|---|---|---|---:|---:|"]
