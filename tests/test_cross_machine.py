@@ -11,10 +11,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import cross_machine  # noqa: E402
 
 
-def _run(tmp: Path, name: str, seconds: float, exit_scores: list[float], gate_bytes: bytes = b"w") -> Path:
+def _run(tmp: Path, name: str, seconds: float, exit_scores: list[float], weight_bytes: bytes = b"w") -> Path:
     out = tmp / name
     (out / "checkpoints" / "ouro").mkdir(parents=True)
-    (out / "checkpoints" / "ouro" / "model.safetensors").write_bytes(gate_bytes)
+    (out / "checkpoints" / "ouro" / "model.safetensors").write_bytes(weight_bytes)
     (out / "eval" / "m").mkdir(parents=True)
     (out / "eval" / "m" / "digit_sum.json").write_text(json.dumps({
         "model": {"name": "m"}, "task": {"name": "digit_sum"}, "seed": 0, "backend": "lighteval",
