@@ -17,6 +17,11 @@ MODEL_TYPES = ("ouro", "melt")
 GATE_VARIANTS = ("elementwise", "scalar", "mean", "ema", "last")
 GATE_H0 = ("zeros", "first")
 
+# melt_core's own provenance records, written beside the model fields of a checkpoint's
+# ``config.json`` (conversion, pretraining, training: melt_core/trainer_state.py) and kept on load.
+_PROVENANCE_KEYS = {"converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps",
+                    "pretrain_report", "phases"}
+
 # Fields of a hub ``config.json`` that describe bookkeeping or features Ouro does not
 # use; they are accepted and dropped. Anything else unknown is logged, not silently lost.
 _HF_IGNORED_KEYS = {
@@ -24,13 +29,7 @@ _HF_IGNORED_KEYS = {
     "initializer_range", "use_cache", "layer_types", "sliding_window", "max_window_layers",
     "attention_dropout", "attention_bias", "_name_or_path", "chunk_size",
     "use_sliding_window", "hidden_act", "rope_scaling",
-    # melt_core's own provenance records, written beside the model fields
-    "converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps", "pretrain_report",
 }
-
-
-_PROVENANCE_KEYS = {"converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps",
-                    "pretrain_report"}
 
 
 class ConfigError(ValueError):
@@ -159,9 +158,9 @@ class ModelConfig:
         for key, value in raw.items():
             if key in known:
                 kwargs[key] = value
+            elif key in _PROVENANCE_KEYS:
+                extra[key] = value
             elif key in _HF_IGNORED_KEYS:
-                if key in _PROVENANCE_KEYS:
-                    extra[key] = value
                 continue
             else:
                 log.warning("%s: unknown field %r kept as-is but unused", source, key)

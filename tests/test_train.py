@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
 from melt_core import ConfigError
+from melt_core import checkpoint as ck
 from melt_core.data import DataError
 from melt_core.train import TrainConfig, train
 
@@ -202,9 +203,10 @@ def test_killed_run_resumes_bitwise(setup, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_phase_by_phase_equals_one_run(setup):
+def test_phase_by_phase_equals_one_run(setup, caplog):
     """Phase 2 as its own run, continuing from Phase 1's final checkpoint (weights, optimizer state,
-    step, RNG), ends bitwise where one run over both phases ends (same process, same kernels)."""
+    step, RNG), ends bitwise where one run over both phases ends (same process, same kernels).
+    Every checkpoint's provenance (its phases, steps) loads as such, without an unknown-field warning."""
     both = train(cfg_for(setup, "both_phases", checkpoint_every=100))
     p1, p2 = cfg_for(setup, "x")["phases"]
     first = train(cfg_for(setup, "p1_only", phases=[p1], checkpoint_every=100))
@@ -212,6 +214,10 @@ def test_phase_by_phase_equals_one_run(setup):
     a, b = weights(both), weights(second)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["step"] for r in read_metrics(setup[0] / "p2_after")] == [4, 5, 6]  # its own steps only
+    caplog.clear()
+    saved = ck.read_config(second)
+    assert [p["name"] for p in saved.extra["phases"]] == ["phase1", "phase2"] and saved.extra["train_step"] == 6
+    assert "unknown field" not in caplog.text
     untimed = lambda rows: [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]  # noqa: E731
     assert untimed(read_metrics(setup[0] / "both_phases")[3:]) == untimed(read_metrics(setup[0] / "p2_after"))
     fresh = train(cfg_for(setup, "p2_fresh", phases=[p1, p2], init_from=str(first), checkpoint_every=100,
