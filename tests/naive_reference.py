@@ -1,5 +1,5 @@
-"""A slow, literal re-statement of the decoding semantics, written without melt_core's
-cache or attention code, for the equivalence tests to compare against.
+"""A slow, literal re-statement of the decoding semantics and of the training losses, written
+without melt_core's cache, attention or loss code, for the equivalence tests to compare against.
 
 One sequence, one token at a time, plain Python lists of K/V rows:
 
@@ -87,3 +87,48 @@ def naive_decode(model, ids, mode="melt", prompt_len=0):
             final_rows[l].append(own[l])
         out.append(torch.stack(logits_i))
     return torch.stack(out, 1)  # (T, L, V)
+
+
+# ----------------------------------------------------------------------------- training losses
+# docs/METHOD.md section 3, one token at a time in float64.
+
+def _softmax64(logits):
+    z = logits.double()
+    e = torch.exp(z - z.max())
+    return e / e.sum()
+
+
+def naive_kd(student_logits, teacher_logits, mask, loops="all", temperature=1.0) -> float:
+    """Sum over target tokens (weighted by ``mask``, (B, L)) of the mean over the distilled loops
+    (all T, or the last one) of KL(teacher_t || student_t) = sum_v p(v) (log p(v) - log q(v)), p and q
+    the softmaxes of teacher and student logits divided by the temperature, times temperature^2
+    (the scale that keeps gradients comparable across temperatures). Logits: (T, B, L, V)."""
+    T, B, L, _ = student_logits.shape
+    distilled = range(T) if loops == "all" else [T - 1]
+    total = 0.0
+    for b in range(B):
+        for i in range(L):
+            kls = []
+            for t in distilled:
+                p = _softmax64(teacher_logits[t, b, i] / temperature)
+                q = _softmax64(student_logits[t, b, i] / temperature)
+                kls.append(float((p * (p.log() - q.log())).sum()))
+            total += float(mask[b, i]) * sum(kls) / len(kls)
+    return total * temperature**2
+
+
+def naive_alignment(student_outs, teacher_outs) -> float:
+    """Sum over tokens of (1 / (N T)) sum over the N T (layer, loop) pairs of ||o_s - o_t||^2, each
+    o a (B, L, d) attention output."""
+    total = 0.0
+    for o_s, o_t in zip(student_outs, teacher_outs, strict=True):
+        for b in range(o_s.shape[0]):
+            for i in range(o_s.shape[1]):
+                total += float(((o_s[b, i].detach().double() - o_t[b, i].detach().double()) ** 2).sum())
+    return total / len(student_outs)
+
+
+def naive_lm_loss(logits, targets, mask) -> float:
+    """Sum over tokens (weighted by ``mask``) of -log softmax(logits)[target]; logits (B, L, V)."""
+    return sum(-float(mask[b, i]) * math.log(float(_softmax64(logits[b, i])[targets[b, i]]))
+               for b in range(logits.shape[0]) for i in range(logits.shape[1]))

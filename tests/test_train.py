@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from naive_reference import naive_alignment, naive_kd
 from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
 from melt_core import ConfigError
 from melt_core import checkpoint as ck
 from melt_core.data import DataError
-from melt_core.train import TrainConfig, train
+from melt_core.train import TrainConfig, _training_data, train
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,29 @@ def test_alpha_zero_starts_at_the_teacher_and_losses_fall(setup):
     assert (final / "config.json").is_file() and json.loads((final / "config.json").read_text())["model_type"] == "melt"
     saved = json.loads((setup[0] / "basic" / "train_config.json").read_text())
     assert saved["chunk_size"] == 4  # the resolved config sits beside the checkpoint
+
+
+def test_logged_losses_are_the_definitions_at_the_first_step(setup):
+    """Step 1 (weights not yet updated) logs kd = loop-mean KL(teacher_t || student_t) over the batch's
+    learned tokens / their count, with the temperature, and align = beta/(N T) sum ||o_s - o_t||^2 over
+    all positions / their count: recomputed here from the two checkpoints on the step's batch with the
+    token-by-token definitions (tests/naive_reference.py), micro-batched in the run and not here."""
+    cfg = cfg_for(setup, "first_step", phases=[{"name": "phase2", "steps": 1, "align_beta": 0.1}],
+                  kd_temperature=2.0, micro_batch_size=2)
+    cfg["data"]["loss_on"] = "assistant"  # KD on the answers only: tokens and positions differ in number
+    train(cfg)
+    row = read_metrics(setup[0] / "first_step")[0]
+    ids, mask = _training_data(TrainConfig.from_dict(cfg)).batch(0, cfg["batch_size"])
+    student, teacher = (ck.load_pretrained(cfg[k], dtype=torch.float32) for k in ("student", "teacher"))
+    with torch.no_grad():
+        t = teacher(ids[:, :-1], collect_attn_outputs=True)
+        s = student(ids[:, :-1], cache=student.new_cache(), chunk_size=cfg["chunk_size"], alpha=1.0,
+                    collect_attn_outputs=True)
+    kd = naive_kd(s.per_loop_logits, t.per_loop_logits, mask, "all", 2.0) / float(mask.sum())
+    align = 0.1 * naive_alignment(s.attn_outputs, t.attn_outputs) / mask.numel()
+    assert row["step"] == 1 and kd > 0.01 and align > 1e-4 and 0 < mask.sum() < mask.numel()
+    assert row["kd"] == pytest.approx(kd, rel=1e-4) and row["align"] == pytest.approx(align, rel=1e-4)
+    assert row["loss"] == pytest.approx(kd + align, rel=1e-4)
 
 
 def test_gradient_accumulation_equals_full_batch(setup):
