@@ -47,7 +47,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))  # bf16 computes in float32; float64 stays
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
@@ -78,7 +78,7 @@ def attend(q: Tensor, blocks: list[Block]) -> Tensor:
     scores, values = [], []
     for b in blocks:
         k, v = (b.k.repeat_interleave(group, 1), b.v.repeat_interleave(group, 1)) if group > 1 else (b.k, b.v)
-        s = (q @ k.transpose(-1, -2)).float() * scale  # (B, H, C, K_b)
+        s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scale  # (B, H, C, K_b)
         if b.mask is not None:
             s = s.masked_fill(~b.mask, float("-inf"))
         scores.append(s)

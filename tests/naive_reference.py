@@ -17,10 +17,11 @@ import torch
 
 
 def _rope(x, pos, theta):
-    # x: (H, D); rotate pairs (x[j], x[j + D/2]) by pos * theta^(-2j/D)
+    # x: (H, D); rotate pairs (x[j], x[j + D/2]) by pos * theta^(-2j/D), the frequencies computed in
+    # float32 as Ouro's (and every HF Llama-style) code computes them: part of the model's definition
     D = x.shape[-1]
     half = D // 2
-    freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / D)
+    freq = (1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)).to(x.dtype)
     ang = pos * freq
     c, s = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
@@ -38,13 +39,16 @@ def _attention(q, keys, values):
 
 
 @torch.no_grad()
-def naive_decode(model, ids, mode="melt", prompt_len=0):
-    """Per-loop logits (T, L, V) for one sequence ``ids`` (L,)."""
+def naive_decode(model, ids, mode="melt", prompt_len=0, alpha=1.0):
+    """Per-loop logits (T, L, V) for one sequence ``ids`` (L,). ``alpha`` < 1 (MELT, Phase 1): every
+    row attention reads at loop t is alpha * (the MELT row it reads) + (1 - alpha) * (that token's
+    own loop-t row projected from its normed hidden state, as Ouro would)."""
     cfg = model.config
     N, T, W = cfg.num_hidden_layers, cfg.total_ut_steps, cfg.window if mode == "melt" else 0
     H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     layers = model.model.layers
     loop_rows = [[[] for _ in range(T)] for _ in range(N)]  # [l][t][j] -> (k, v)
+    ouro_rows = [[[] for _ in range(T)] for _ in range(N)]  # [l][t][j] -> (k, v) from a, for alpha < 1
     final_rows = [[] for _ in range(N)]  # [l][j] -> (k, v)
     out = []
     for i, tok in enumerate(ids.tolist()):
@@ -65,22 +69,28 @@ def naive_decode(model, ids, mode="melt", prompt_len=0):
                     m = a
                 row = (_rope((att.k_proj.weight @ m).view(Hkv, D), i, cfg.rope_theta),
                        (att.v_proj.weight @ m).view(Hkv, D))
+                ouro_row = (_rope((att.k_proj.weight @ a).view(Hkv, D), i, cfg.rope_theta),
+                            (att.v_proj.weight @ a).view(Hkv, D))
                 if not (mode == "first-loop" and shared and t > 0):
                     own[l] = row
                 keys, values = [], []
-                for j in range(i):
-                    if not shared or j < prompt_len or (mode == "melt" and j >= i - W):
+                for j in range(i + 1):
+                    if j == i:
+                        k, v = own[l]
+                    elif not shared or j < prompt_len or (mode == "melt" and j >= i - W):
                         k, v = loop_rows[l][t][j]
                     else:
                         k, v = final_rows[l][j]
+                    if alpha < 1.0:
+                        k_o, v_o = ouro_row if j == i else ouro_rows[l][t][j]
+                        k, v = alpha * k + (1 - alpha) * k_o, alpha * v + (1 - alpha) * v_o
                     keys.append(k)
                     values.append(v)
-                keys.append(own[l][0])
-                values.append(own[l][1])
                 o = _attention(q, keys, values).reshape(H * D)
                 x = x + layer.input_layernorm_2(att.o_proj.weight @ o)
                 x = x + layer.post_attention_layernorm_2(layer.mlp(layer.post_attention_layernorm(x)))
                 loop_rows[l][t].append(row)
+                ouro_rows[l][t].append(ouro_row)
             x = model.model.norm(x)
             logits_i.append(model.lm_head.weight @ x)
         for l in range(N):

@@ -9,7 +9,11 @@ from naive_reference import naive_decode
 
 from melt_core.gate import LatentGate
 
-TIGHT = dict(atol=2e-5, rtol=0)
+# The equivalences below run in float64: two computations of the same definition then agree to
+# ~1e-14 here (float64 rounding, amplified by 4 loops x 2 layers as float32's 6e-8 grows to ~1.5e-5),
+# so 1e-10 leaves a margin of thousands on any machine while a change of the method (a row from
+# the wrong loop, a mixing weight off by 1e-3) moves the logits by more than 1e-4.
+EXACT = dict(atol=1e-10, rtol=0)
 
 
 def decode_one_by_one(model, ids, **cache_kw):
@@ -22,26 +26,26 @@ def decode_one_by_one(model, ids, **cache_kw):
 @pytest.mark.parametrize("gate", ["elementwise", "scalar", "mean", "ema", "last"])
 @pytest.mark.parametrize("window", [0, 3])
 def test_chunk1_equals_token_by_token_equals_definition(ouro, reference, gate, window):
-    melt = make_melt(ouro, gate=gate, window=window)
+    melt = make_melt(ouro, gate=gate, window=window).double()
     ids = reference["input_ids"]
     with torch.no_grad():
         chunked = melt(ids, chunk_size=1).per_loop_logits  # growing (training) storage
     stepped = decode_one_by_one(melt, ids)  # preallocated (inference) storage
-    torch.testing.assert_close(chunked, stepped, **TIGHT)
+    torch.testing.assert_close(chunked, stepped, **EXACT)
     for b in range(ids.shape[0]):
-        torch.testing.assert_close(chunked[:, b], naive_decode(melt, ids[b], "melt"), **TIGHT)
+        torch.testing.assert_close(chunked[:, b], naive_decode(melt, ids[b], "melt"), **EXACT)
 
 
 def test_larger_chunks_are_an_approximation(ouro, reference):
     """C > 1 must differ (tokens of a chunk see each other's current-loop rows): if it did
     not, the chunk-1 test above would not be testing anything."""
-    melt = make_melt(ouro)
+    melt = make_melt(ouro).double()
     ids = reference["input_ids"]
     with torch.no_grad():
         exact = melt(ids, chunk_size=1).per_loop_logits
         approx = melt(ids, chunk_size=6).per_loop_logits
     assert (exact - approx).abs().max() > 1e-2
-    torch.testing.assert_close(exact[:, :, 0], approx[:, :, 0], **TIGHT)  # token 0 sees only itself
+    torch.testing.assert_close(exact[:, :, 0], approx[:, :, 0], **EXACT)  # token 0 sees only itself
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 12])
@@ -54,12 +58,19 @@ def test_alpha_zero_reproduces_ouro(ouro, reference, chunk, window, seed):
     torch.testing.assert_close(out.per_loop_logits, reference["per_loop_logits"], atol=1e-4, rtol=0)
 
 
-def test_alpha_between_is_between(ouro, reference):
-    melt = make_melt(ouro)
+@pytest.mark.parametrize("alpha", [0.3, 0.7])
+@pytest.mark.parametrize("window", [0, 3])
+def test_alpha_between_mixes_the_rows_as_defined(ouro, reference, alpha, window):
+    """Phase 1's interpolation: attention reads alpha * KV_MELT + (1 - alpha) * KV_Ouro of every
+    token, past and own (docs/METHOD.md section 3), as the slow definition does, and lands between
+    the ends (neither Ouro nor pure MELT)."""
+    melt = make_melt(ouro, window=window).double()
     ids = reference["input_ids"]
     with torch.no_grad():
-        mid = melt(ids, chunk_size=4, alpha=0.5).per_loop_logits
-        pure = melt(ids, chunk_size=4, alpha=1.0).per_loop_logits
+        mid = melt(ids, chunk_size=1, alpha=alpha).per_loop_logits
+        pure = melt(ids, chunk_size=1, alpha=1.0).per_loop_logits
+    for b in range(ids.shape[0]):
+        torch.testing.assert_close(mid[:, b], naive_decode(melt, ids[b], "melt", alpha=alpha), **EXACT)
     assert (mid - reference["per_loop_logits"]).abs().max() > 1e-3
     assert (mid - pure).abs().max() > 1e-3
 
@@ -68,6 +79,7 @@ def test_alpha_between_is_between(ouro, reference):
 @pytest.mark.parametrize("prompt_len", [0, 5])
 def test_untrained_sharing_modes_match_definition(ouro, reference, mode, prompt_len):
     ids = reference["input_ids"]
+    ouro = ouro.double()
     cache = ouro.new_cache(capacity=12, mode=mode, keep_prompt=prompt_len > 0)
     with torch.no_grad():
         parts = []
@@ -77,15 +89,15 @@ def test_untrained_sharing_modes_match_definition(ouro, reference, mode, prompt_
         parts += [ouro(ids[:, i:i + 1], cache=cache).per_loop_logits for i in range(prompt_len, 12)]
     got = torch.cat(parts, dim=2)
     for b in range(ids.shape[0]):
-        torch.testing.assert_close(got[:, b], naive_decode(ouro, ids[b], mode, prompt_len), **TIGHT)
+        torch.testing.assert_close(got[:, b], naive_decode(ouro, ids[b], mode, prompt_len), **EXACT)
     assert (got[-1] - reference["final_logits"]).abs().max() > 1e-2  # sharing is not Ouro
 
 
 def test_last_loop_sharing_is_melt_with_last_gate(ouro, reference):
     ids = reference["input_ids"]
-    melt = make_melt(ouro, gate="last")
+    melt, ouro = make_melt(ouro, gate="last").double(), ouro.double()
     torch.testing.assert_close(decode_one_by_one(melt, ids),
-                               decode_one_by_one(ouro, ids, mode="last-loop"), **TIGHT)
+                               decode_one_by_one(ouro, ids, mode="last-loop"), **EXACT)
 
 
 @pytest.mark.parametrize("kind", ["ouro", "melt", "melt-window", "first-loop-prompt"])
@@ -144,7 +156,12 @@ def test_gate_variants_follow_their_formulas():
     hp = torch.randn(1, 1, 8)
     z = torch.sigmoid(a[0] @ gate.input_proj.weight.T + gate.input_proj.bias + hp @ gate.state_proj.weight.T)
     torch.testing.assert_close(gate(a[0], hp, 1), z * hp + (1 - z) * a[0])
+    z1 = torch.sigmoid(a[0] @ gate.input_proj.weight.T + gate.input_proj.bias)  # h_0 = 0: U_z h_0 = 0
+    torch.testing.assert_close(gate(a[0], None, 0), z1 * 0 + (1 - z1) * a[0])
     first = LatentGate("elementwise", 8, h0="first")
     assert first(a[0], None, 0) is a[0]
     scalar = LatentGate("scalar", 8)
-    assert scalar.retain(a[0], hp).shape == (1, 1, 1)
+    scalar.reset_parameters(0.5, 0.1, torch.Generator().manual_seed(1))
+    zs = torch.sigmoid(a[0] @ scalar.input_proj.weight.T + scalar.input_proj.bias + hp @ scalar.state_proj.weight.T)
+    assert zs.shape == (1, 1, 1)  # one z for all d features
+    torch.testing.assert_close(scalar(a[0], hp, 1), zs * hp + (1 - zs) * a[0])
