@@ -23,6 +23,10 @@ def test_profile_memory_real_shape_small_depth():
     o = profile_memory("ouro-1.4b", torch.bfloat16, kv_tokens=4, context=32768, cap_gb=80, num_hidden_layers=2)
     assert o.kv_bytes_measured == 4 * r.kv_bytes_measured
     assert r.parameters - o.parameters == 2 * (2 * 2048 * 2048 + 2048)  # the gates
+    for m in (r, o):  # the largest batch whose weights and 32K-token caches fit in the 80 GB cap
+        kv_context = m.kv_bytes_analytic / m.kv_tokens * m.context
+        assert m.weights_bytes_analytic + m.max_batch * kv_context <= 80e9
+        assert m.weights_bytes_analytic + (m.max_batch + 1) * kv_context > 80e9
 
 
 def test_profile_bad_requests():

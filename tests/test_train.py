@@ -68,6 +68,8 @@ def test_alpha_zero_starts_at_the_teacher_and_losses_fall(setup):
     final = train(cfg)
     rows = read_metrics(setup[0] / "basic")
     assert rows[0]["kd"] < 1e-6 and rows[0]["alpha"] == 0.0  # student == teacher at alpha = 0
+    # Phase 1's alpha rises linearly from 0 to 1 over its 12 steps (docs/METHOD.md section 3)
+    assert [r["alpha"] for r in rows[:12]] == pytest.approx([i / 11 for i in range(12)], abs=1e-12)
     assert rows[11]["alpha"] == 1.0 and rows[12]["phase"] == "phase2" and rows[12]["align"] > 0
     assert rows[-1]["kd"] < rows[12]["kd"]  # Phase 2 learns
     assert (final / "config.json").is_file() and json.loads((final / "config.json").read_text())["model_type"] == "melt"
@@ -96,6 +98,22 @@ def test_logged_losses_are_the_definitions_at_the_first_step(setup):
     assert row["step"] == 1 and kd > 0.01 and align > 1e-4 and 0 < mask.sum() < mask.numel()
     assert row["kd"] == pytest.approx(kd, rel=1e-4) and row["align"] == pytest.approx(align, rel=1e-4)
     assert row["loss"] == pytest.approx(kd + align, rel=1e-4)
+
+
+def test_gradient_clipping_reaches_the_update(setup):
+    """grad_clip rescales the gradient Adam sees: at a bound far below the gradient's norm (logged
+    unclipped) the first update shrinks toward eps's floor; without a bound it is ~lr per weight."""
+    one = [{"name": "phase1", "steps": 1, "alpha_start": 1.0, "alpha_end": 1.0}]
+    start = weights(setup[3])
+    moved = {}
+    for clip in (None, 1e-9):
+        out = train(cfg_for(setup, f"clip{clip}", phases=one, grad_clip=clip, checkpoint_every=100))
+        after = weights(out)
+        moved[clip] = max(float((after[k] - start[k]).abs().max()) for k in start)
+        assert read_metrics(setup[0] / f"clip{clip}")[0]["grad_norm"] > 1e-3
+    lr = cfg_for(setup, "x")["lr_gate"]  # the larger of the two rates
+    assert moved[None] == pytest.approx(lr, rel=1e-3)  # Adam's first step: lr * g / (|g| + eps)
+    assert moved[1e-9] < 0.5 * lr
 
 
 def test_gradient_accumulation_equals_full_batch(setup):
@@ -373,9 +391,13 @@ def test_mlflow_gets_each_learning_rate_and_the_step_as_its_axis(setup, tmp_path
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = cfg_for(setup, "mlflow", phases=[{"name": "phase1", "steps": 3, "alpha_start": 1.0, "alpha_end": 1.0}],
-                  mlflow={"experiment": "melt-lr", "tracking_uri": uri})
+                  mlflow={"experiment": "melt-lr", "tracking_uri": uri}, warmup_steps=2)
     train(cfg)
     client = mlflow.tracking.MlflowClient(tracking_uri=uri)
     run, = client.search_runs([client.get_experiment_by_name("melt-lr").experiment_id])
     assert {"lr_model", "lr_gate", "kd", "loss"} <= set(run.data.metrics) and "step" not in run.data.metrics
     assert [m.step for m in client.get_metric_history(run.info.run_id, "kd")] == [1, 2, 3]
+    # linear warmup over 2 steps, then each group's own rate
+    for name, lr in (("lr_model", cfg["lr_model"]), ("lr_gate", cfg["lr_gate"])):
+        history = sorted(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step)
+        assert [m.value for m in history] == pytest.approx([lr / 2, lr, lr])

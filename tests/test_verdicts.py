@@ -69,3 +69,19 @@ def test_interval_spans_seeds():
     assert beats(agree, [rate(0.2)] * 3, [TEACHER])[0] == HOLDS
     with pytest.raises(ValueError, match="same non-empty questions"):
         paired_interval([rate(0.9)] * 3, [rate(0.5, n=N - 1)])
+
+
+def test_seeds_are_paired_between_models():
+    """Two models trained on the same three seeds, the seeds far apart (90%, 50%, 10%) and model a
+    solving 10 more questions than b in every seed: drawn together, the seeds cancel and the 5-point
+    gain holds; drawn apart, the seed spread (+-80 points) would swamp it."""
+    b = [rate(p) for p in (0.9, 0.5, 0.1)]
+    a = []
+    for scores in b:
+        unsolved = [i for i, x in enumerate(scores) if x == 0.0][:10]
+        a.append([100.0 if i in unsolved else x for i, x in enumerate(scores)])
+    mean, lo, hi = paired_interval(a, b)
+    assert mean == pytest.approx(5.0) and 0 < lo < 5 < hi < 10
+    assert beats(a, b, TEACHER)[0] == HOLDS
+    # the teacher has one row: its seeds cannot be paired and are drawn on their own
+    assert beats([rate(0.9)] * 3, rate(0.2), TEACHER)[0] == HOLDS
