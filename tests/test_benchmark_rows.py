@@ -43,12 +43,16 @@ def answers(name: str, row: dict, doc) -> tuple[list[str], list[str]]:
         gold = row["answer"]
         return ([f"Steps.\nANSWER: {gold}", f"Steps.\nANSWER: ${gold}$", f"So $\\boxed{{{gold}}}$.",
                  f"<think>hmm</think>\nANSWER: {gold}"],
-                ["ANSWER: 7", "ANSWER: p + q", f"<think>{gold}</think>\nANSWER: 0"])
+                ["ANSWER: 7", "ANSWER: p + q", f"<think>{gold}</think>\nANSWER: 0",
+                 f"<think>so $\\boxed{{{gold}}}$</think>\nANSWER: 0",  # only the answer after thinking counts
+                 f"Is it $\\boxed{{{gold}}}$? No: $\\boxed{{7}}$."])  # the last boxed answer counts
     if name == "olympiadbench":
         gold = ", ".join(a.strip("$") for a in row["final_answer"])
         return ([f"So the final answer is \\boxed{{{gold}}}.", f"So the final answer is ${gold}$.",
                  f"<think>hmm</think>\nSo the final answer is \\boxed{{{gold}}}."],
-                ["So the final answer is \\boxed{3}.", f"<think>{gold}</think>\nSo the final answer is \\boxed{{0}}."])
+                ["So the final answer is \\boxed{3}.", f"<think>{gold}</think>\nSo the final answer is \\boxed{{0}}.",
+                 f"<think>\\boxed{{{gold}}}</think>\nSo the final answer is 3.",
+                 f"First \\boxed{{{gold}}}, then the final answer is \\boxed{{3}}."])
     if name == "gpqa":
         letter, other = "ABCD"[doc.gold_index], "ABCD"[(doc.gold_index + 1) % 4]
         return ([f"Reasoning.\nAnswer: {letter}", f"<think>maybe {other}</think>\nAnswer: {letter}"],

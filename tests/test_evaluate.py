@@ -35,6 +35,27 @@ def test_boxed_extraction():
     assert extract_answer("nothing", "boxed") == ""
 
 
+def test_embedded_tasks_score_the_exact_answer_only():
+    """The embedded tasks' scorer (AnswerMatch, style exact) on a record in the task's own format:
+    the answer alone (surrounding white space aside) scores; an answer inside more text, a prefix of
+    it, or nothing, does not; pass@1 over 4 samples with one right is 0.25."""
+    from lighteval.models.model_output import ModelResponse
+
+    from melt_core.lighteval_tasks import jsonl_prompt, sample_correct, task_config
+
+    record = {"messages": [{"role": "user", "content": "6604876475938242+1948924115781565="},
+                           {"role": "assistant", "content": "7f5ciab68ahca8a8"}]}
+    config = task_config({"name": "digit_sum", "data_dir": ".", "samples": 4, "ks": [1]})
+    doc = jsonl_prompt(record, "digit_sum")
+    gold = "7f5ciab68ahca8a8"
+    for text in (gold, f" {gold}\n"):
+        assert sample_correct(config, doc, text), text
+    for text in (f"{gold}0", f"0{gold}", f"the sum is {gold}", gold[:-1], "", "0123456789abcdefghij" * 2):
+        assert not sample_correct(config, doc, text), text
+    score = config.metrics[0].sample_level_fn.compute(doc, ModelResponse(text=["x", gold, "y", "z"]))
+    assert score == pytest.approx(0.25)
+
+
 def oracle(root, paths, always_right: bool):
     """A model with known behaviour: a 1-layer, 1-loop Ouro whose attention and MLP are zero, so
     each logit row depends only on the current token (a bigram machine), wired to emit a planted
