@@ -12,6 +12,13 @@ from melt_core.losses import alignment_loss_sum, kd_loss_sum, lm_loss_sum, token
 T, B, L, V = 3, 2, 5, 7
 
 
+@pytest.fixture(autouse=True)
+def _grad_on():
+    """Gradients on, whatever an earlier test left (lighteval turns them off process-wide)."""
+    with torch.enable_grad():
+        yield
+
+
 def logits(seed: int) -> torch.Tensor:
     return torch.randn(T, B, L, V, generator=torch.Generator().manual_seed(seed)) * 2
 
