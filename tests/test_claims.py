@@ -7,11 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
 import claims  # noqa: E402
+from report_common import Results  # noqa: E402
 from verdicts import FAILS, HOLDS, INCONCLUSIVE  # noqa: E402
 
 
@@ -76,3 +79,93 @@ def test_decode_speed_is_judged_on_the_rounds_interleaved(melt_rounds, expected)
     memory = pd.DataFrame({"shape": ["ouro-1.4b"]})
     (_, evidence, verdict), = claims.decode_speed_claim(speed, memory, "cpu-mid")
     assert verdict.startswith(expected) and "3 rounds in turn" in evidence and "context 128" in evidence
+
+
+# --------------------------------------------------------------------------- the accuracy claims
+CONFIG = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "default.yaml").read_text())
+
+
+class World(Results):
+    """Results of fabricated accuracies (percent, the same in every column and seed), read by
+    claims.claims through the real Results' model naming; no timing or memory rows."""
+
+    def __init__(self, accuracy: dict[str, float]):
+        self.config = {**CONFIG, "speed_shape": "cpu-mid"}
+        self.version, self.seeds = CONFIG["paper_version"], CONFIG["seeds"]
+        self.columns, self.long_column = CONFIG["report"]["columns"], CONFIG["report"]["long_column"]
+        self.main_model = self.run_model(CONFIG["main_run"]["gate"], CONFIG["main_run"]["recipe"])
+        self.untrained = "melt-untrained"
+        self.accuracy = accuracy
+        self.memory, self.speed = pd.DataFrame({"shape": []}), pd.DataFrame({"model": [], "batch": [], "context": []})
+        self.train_throughput, self.early_exit = pd.DataFrame({"model": [], "ratio_to_ouro": []}), pd.DataFrame()
+        self.sweeps = {"loops": []}
+
+    def per_question(self, model, paper_column):
+        share = self.accuracy[model] / 100
+        row = [100.0 if (i * share) % 1 + share >= 1 - 1e-9 else 0.0 for i in range(200)]
+        return np.asarray([row] * len(self.seeds))
+
+    def score(self, model, paper_column):
+        return self.accuracy[model]
+
+    def main_variants(self, kind=""):
+        return [v for v in (f"{self.main_model}@prefill-chunk16", f"{self.main_model}@window-34") if kind in v]
+
+
+def world(main, sharing, elementwise_gate, other_gates, recipe_chain, prefill, window, ouro=100.0):
+    gates, recipe = CONFIG["ablations"]["gates"], CONFIG["ablations"]["gate_recipe"]
+    acc = {"ouro": ouro, **{World.sharing_model(m): sharing for m in CONFIG["baselines"]["sharing"]},
+           **{World.run_model(g, recipe): other_gates for g in gates}}
+    acc.update({World.run_model("elementwise", r): a for r, a in zip(CONFIG["ablations"]["recipes"], recipe_chain)})
+    acc[World.run_model("elementwise", recipe)] = elementwise_gate
+    main_id = World.run_model(CONFIG["main_run"]["gate"], CONFIG["main_run"]["recipe"])
+    acc.update({main_id: main, f"{main_id}@prefill-chunk16": prefill, f"{main_id}@window-34": window})
+    return World(acc)
+
+
+ACCURACY_CLAIMS = ("MELT stays near Ouro in accuracy", "MELT stays near Ouro on long answers",
+                   "Untrained KV sharing loses", "The element-wise gate beats", "Each recipe component helps",
+                   "Chunk-wise training is indispensable", "Ours, not the paper's: MELT prefilled",
+                   "Ours, not the paper's: v3's sliding window")
+
+
+def verdicts_of(r) -> dict[str, str]:
+    found = {}
+    for claim, _, verdict in claims.claims(r):
+        for start in ACCURACY_CLAIMS:
+            if claim.startswith(start):
+                found[start] = verdict
+    assert set(found) == set(ACCURACY_CLAIMS)
+    return found
+
+
+def test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_the_opposite():
+    """Each claim reads its models in the right order: in a world where every claim is true by a
+    wide margin each holds, and in the mirror world each fails (a comparison read backwards, or
+    against the wrong model, turns one of them around)."""
+    true = world(main=99, sharing=10, elementwise_gate=75, other_gates=40, recipe_chain=[99, 85, 75, 60, 5],
+                 prefill=98.5, window=98.5)
+    assert verdicts_of(true) == dict.fromkeys(ACCURACY_CLAIMS, HOLDS)
+    false = world(main=50, sharing=100, elementwise_gate=75, other_gates=95, recipe_chain=[50, 60, 75, 85, 95],
+                  prefill=20, window=20, ouro=90)
+    assert all(v.startswith(FAILS) for v in verdicts_of(false).values()), verdicts_of(false)
+
+
+@pytest.mark.parametrize("ouro_bytes,ouro_sweep,expected", [
+    (4 * 12582912, [0.786432 * t / 4 for t in (1, 2, 4, 8)], (HOLDS, HOLDS)),  # 1/T exactly; linear in T
+    (4 * 12582912 + 2, [0.786432 * t / 4 for t in (1, 2, 4, 8)], (FAILS, HOLDS)),  # two bytes off 1/T
+    (4 * 12582912, [0.196608 * t * t for t in (1, 2, 4, 8)], (HOLDS, FAILS)),  # Ouro's cache quadratic in T
+])
+def test_memory_claims_are_judged_exactly(ouro_bytes, ouro_sweep, expected):
+    """Bytes are exact: MELT's cache is 1/T of Ouro's only at a ratio of exactly T, and flat/linear
+    in T only when every point of the loop sweep is."""
+    r = world(main=99, sharing=10, elementwise_gate=75, other_gates=40, recipe_chain=[99, 85, 75, 60, 5],
+              prefill=98.5, window=98.5)
+    r.memory = pd.DataFrame({"shape": ["ouro-1.4b", "melt-1.6b"], "kv_bytes_measured": [ouro_bytes, 12582912],
+                             "kv_mb_per_token_measured": [ouro_bytes / 64e6, 12582912 / 64e6]})
+    r.sweeps = {"loops": [{"model": "melt", "T": t, "kv_mb_per_token": 0.196608} for t in (1, 2, 4, 8)]
+                + [{"model": "ouro", "T": t, "kv_mb_per_token": v} for t, v in zip((1, 2, 4, 8), ouro_sweep)]}
+    found = {c: v for c, _, v in claims.claims(r)}
+    kv = next(v for c, v in found.items() if c.startswith("MELT's KV cache is 1/T"))
+    depth = next(v for c, v in found.items() if c.startswith("MELT's memory is constant in loop depth"))
+    assert (kv, depth) == expected
