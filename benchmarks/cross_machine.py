@@ -139,6 +139,22 @@ def verdicts(outdir: Path) -> dict[str, str]:
     return rows
 
 
+def compare_verdicts(ver_a: dict[str, str], ver_b: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """The verdict table's rows, the flips (a claim that holds on one side and does not hold on the
+    other) and the claims decided on one side only (inconclusive, not measurable or missing on the
+    other). Timing claims measure the machine, not the method: listed, never counted."""
+    rows, flips, one_sided = [], [], []
+    for claim in sorted(ver_a.keys() | ver_b.keys(), key=lambda c: (bool(TIMING.search(c)), c)):
+        va, vb = ver_a.get(claim, "-"), ver_b.get(claim, "-")
+        timing = bool(TIMING.search(claim))
+        rows.append(f"| {claim}{' (timing: a measurement of the machine)' if timing else ''} | {va} | {vb} |")
+        decided = [v.split(" (")[0] in DECIDED for v in (va, vb)]
+        if timing or va == vb or not any(decided):
+            continue
+        (flips if all(decided) else one_sided).append(claim)
+    return rows, flips, one_sided
+
+
 def teacher_trail(outdir: Path) -> dict:
     """The unpinned teacher's loss every 10 steps (MLflow), its dev checks and kept step (its log)."""
     with sqlite3.connect(outdir / "mlflow.db") as db:
@@ -208,18 +224,8 @@ def main() -> None:
     lines += ["## Accuracy (mean over seeds, %)", "", "| model | task | metric | A | B |", "|---|---|---|---:|---:|"]
     for k in sorted(acc_a.keys() | acc_b.keys()):
         lines.append(f"| {' | '.join(k)} | {acc_a.get(k, float('nan')):.1f} | {acc_b.get(k, float('nan')):.1f} |")
-    flips, one_sided = [], []
-    lines += ["", "## Verdicts", "", "| claim | A | B |", "|---|---|---|"]
-    for claim in sorted(ver_a.keys() | ver_b.keys(), key=lambda c: (bool(TIMING.search(c)), c)):
-        va, vb = ver_a.get(claim, "-"), ver_b.get(claim, "-")
-        timing = bool(TIMING.search(claim))
-        lines.append(f"| {claim}{' (timing: a measurement of the machine)' if timing else ''} | {va} | {vb} |")
-        if timing or va == vb:
-            continue
-        if va in DECIDED and vb in DECIDED:
-            flips.append(claim)
-        else:
-            one_sided.append(claim)
+    rows, flips, one_sided = compare_verdicts(ver_a, ver_b)
+    lines += ["", "## Verdicts", "", "| claim | A | B |", "|---|---|---|", *rows]
     lines += ["", f"Decided on one side only (listed, not counted): {one_sided or 'none'}", ""]
     if a.control:
         lines += control_section(teacher_trail(a.out / "A-unpinned"), teacher_trail(a.out / "B-unpinned"))

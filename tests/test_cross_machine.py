@@ -48,3 +48,32 @@ def test_an_early_exit_score_or_a_weight_that_differs_is_reported(tmp_path):
     a = _run(tmp_path, "A", 1.0, [100.0, 0.0])
     assert _differ(a, _run(tmp_path, "B", 1.0, [0.0, 100.0])) == ["early_exit/m.json"]
     assert _differ(a, _run(tmp_path, "C", 1.0, [100.0, 0.0], b"v")) == ["checkpoints/ouro/model.safetensors"]
+
+
+def _claims(tmp: Path, name: str, verdicts: dict[str, str]) -> Path:
+    """A claims.md as the claims rule writes it."""
+    out = tmp / name
+    out.mkdir()
+    lines = ["# Paper claims checked against our runs (embedded)", "", "| claim | evidence (ours) | verdict |",
+             "|---|---|---|"] + [f"| {c} | gap +1.0 pts [95% CI -0.5, +2.5] | **{v}** |" for c, v in verdicts.items()]
+    (out / "claims.md").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_a_flip_is_holds_against_does_not_hold_and_nothing_else(tmp_path):
+    """Read off claims.md in its real format: holds <-> does not hold counts (with or without a
+    reason in brackets); a verdict decided on one side only is listed, not counted; two undecided
+    verdicts are neither; timing claims (the machine's speed) never count."""
+    a = {"gate": "holds", "recipe": "does not hold", "near": "holds", "window": "inconclusive",
+         "chunking": "not measurable (the model compared with already scores 0, so no drop can show)",
+         "sharing": "holds", "MELT decodes slower than Ouro at batch 1": "holds", "exit": "inconclusive"}
+    b = {**a, "gate": "does not hold", "recipe": "holds", "near": "inconclusive",
+         "chunking": "inconclusive", "MELT decodes slower than Ouro at batch 1": "does not hold (our decode path)",
+         "exit": "does not hold (a reason)"}
+    del b["sharing"]
+    rows, flips, one_sided = cross_machine.compare_verdicts(cross_machine.verdicts(_claims(tmp_path, "A", a)),
+                                                            cross_machine.verdicts(_claims(tmp_path, "B", b)))
+    assert sorted(flips) == ["gate", "recipe"]
+    assert sorted(one_sided) == ["exit", "near", "sharing"]
+    assert len(rows) == len(a) and rows[-1].startswith("| MELT decodes slower")  # timing claims last
+    assert cross_machine.compare_verdicts(cross_machine.verdicts(_claims(tmp_path, "C", a)), a)[1:] == ([], [])
