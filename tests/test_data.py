@@ -189,6 +189,12 @@ def test_packing_keeps_every_token_and_batches_are_deterministic(tok):
     r0, _ = data.batch(7, 4, rank=0, world=2)
     r1, _ = data.batch(7, 4, rank=1, world=2)
     assert r0.shape[0] == 2 and a.equal(__import__("torch").cat([r0, r1]))
+    # each epoch visits every row once, and the next epoch in a new order
+    rows = [tuple(r) for r in data.ids.tolist()]
+    per_epoch = len(rows)  # batches of one row: step k is the k-th row drawn
+    drawn = [tuple(data.batch(step, 1)[0][0].tolist()) for step in range(2 * per_epoch)]
+    first, second = drawn[:per_epoch], drawn[per_epoch:]
+    assert sorted(first) == sorted(rows) == sorted(second) and first != second
 
 
 def test_too_little_data_is_an_error(tok):

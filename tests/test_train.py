@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -287,6 +288,18 @@ def test_shared_teacher_logits_train_bitwise_the_same(setup, tmp_path):
         assert all(torch.equal(plain[k], other[k]) for k in plain)
     train(cfg_for(setup, "tc_seed1", checkpoint_every=100, teacher_cache=shared, seed=1))
     assert len(list((tmp_path / "teacher_logits").iterdir())) == 2  # another batch order: its own folder
+    other = ck.load_pretrained(setup[2])  # another teacher: the same shapes, one weight changed
+    with torch.no_grad():
+        other.lm_head.weight[0, 0] += 1.0
+    other_dir = ck.save_pretrained(other, tmp_path / "other_teacher", write_extra=ck.side_file_copier(setup[2]))
+    train(cfg_for(setup, "tc_teacher2", checkpoint_every=100, teacher_cache=shared, teacher=str(other_dir)))
+    assert len(list((tmp_path / "teacher_logits").iterdir())) == 3  # its own folder too
+    # Phase 2 needs the teacher's attention outputs, which no file holds: it computes them even where
+    # a file for its step lies there
+    shutil.copy(key_dir / files[0], key_dir / "step-0000003-rank0-row0.pt")
+    beside = weights(train(cfg_for(setup, "tc_phase2_file", checkpoint_every=100, teacher_cache=shared)))
+    assert all(torch.equal(plain[k], beside[k]) for k in plain)
+    (key_dir / "step-0000003-rank0-row0.pt").unlink()
     # a file that is not what the teacher computes changes the run: the reader really reads them
     first = key_dir / "step-0000000-rank0-row0.pt"
     torch.save(torch.zeros_like(torch.load(first, weights_only=True)), first)
