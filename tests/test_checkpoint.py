@@ -49,6 +49,24 @@ def test_gate_parameter_count_at_paper_scale():
     assert ModelConfig.from_name("melt-3.1b").gate_parameters() == 48 * (2 * 2048**2 + 2048)
 
 
+def test_conversion_draws_the_gates_as_configured(ouro):
+    """W_z and U_z ~ N(0, gate_init_std^2) from the seed's own generator, b_z = gate_bias_init; every
+    weight that is Ouro's is copied untouched."""
+    a = melt_core.melt_from_ouro(ouro, gate="elementwise", gate_init_std=0.5, gate_bias_init=-2.0, seed=3)
+    again = melt_core.melt_from_ouro(ouro, gate="elementwise", gate_init_std=0.5, gate_bias_init=-2.0, seed=3)
+    other = melt_core.melt_from_ouro(ouro, gate="elementwise", gate_init_std=0.5, gate_bias_init=-2.0, seed=4)
+    w = torch.cat([p.detach().flatten() for layer in a.model.layers for p in (layer.gate.input_proj.weight,
+                                                                      layer.gate.state_proj.weight)])
+    # thousands of draws: the sample std of N(0, 0.25) is within 5% of 0.5, its mean near 0
+    assert w.numel() > 2000 and abs(float(w.std()) - 0.5) < 0.025 and abs(float(w.mean())) < 0.05
+    assert all(bool((layer.gate.input_proj.bias == -2.0).all()) for layer in a.model.layers)
+    ours = set(ouro.state_dict())
+    sa, sb, so = a.state_dict(), again.state_dict(), other.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)  # the seed decides
+    assert any(not torch.equal(sa[k], so[k]) for k in sa if ".gate." in k)
+    assert all(torch.equal(sa[k], ouro.state_dict()[k]) for k in ours)
+
+
 @pytest.mark.parametrize("variant", ["elementwise", "scalar", "mean", "ema", "last"])
 def test_every_gate_variant_round_trips(ouro, tmp_path, variant, reference):
     """A round trip keeps every tensor bitwise (names, dtypes, values) and the function within

@@ -60,6 +60,25 @@ def test_tiny_top_p_is_greedy(ouro):
     assert [g[0].token_ids for g in greedy] == [s[0].token_ids for s in nucleus]
 
 
+def test_sampling_draws_from_the_tempered_nucleus():
+    """sample_next draws from softmax(logits / temperature), cut to the smallest set of tokens whose
+    mass reaches top_p: 4,000 rows, each its own seeded generator (so the counts are fixed), land
+    within 3 standard errors of the exact probabilities."""
+    import math
+
+    from melt_core.generate import sample_next
+
+    n = 4000
+    logits = torch.tensor([0.0, math.log(3.0), -1.0]).expand(n, 3)
+    gens = lambda: [torch.Generator().manual_seed(i) for i in range(n)]  # noqa: E731
+    for temperature, top_p, expected in ((1.0, 1.0, [1, 3, math.exp(-1)]), (2.0, 1.0, [1, 3 ** 0.5, math.exp(-0.5)]),
+                                         (1.0, 0.5, [0, 1, 0]), (1.0, 0.7, [1, 3, 0]), (2.0, 0.7, [1, 3 ** 0.5, 0])):
+        p = torch.tensor(expected, dtype=torch.float64) / sum(expected)
+        drawn = sample_next(logits, SamplingParams(temperature=temperature, top_p=top_p), gens())
+        freq = torch.bincount(drawn, minlength=3).double() / n
+        assert ((freq - p).abs() <= 3 * (p * (1 - p) / n).sqrt() + 1e-12).all(), (temperature, top_p, freq, p)
+
+
 def test_stop_token_and_stop_string(ouro):
     free = generate(ouro, [PROMPTS[0]], SamplingParams(max_new_tokens=8, greedy=True))[0][0].token_ids
     stop = free[2]
