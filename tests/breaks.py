@@ -1,0 +1,263 @@
+"""Breaks tried on purpose: each entry changes one line of the code the way a plausible bug would
+and names the tests that must fail on it (the brief's rule: a check that cannot fail is a defect).
+
+    python tests/breaks.py            # every break, ~10 min on 2 cores
+    python tests/breaks.py gate kd    # the breaks whose name contains one of these words
+
+Each break is applied in a scratch copy of the tree (the working tree is never touched), its tests
+run there with pytest -x, and a line says which test caught it. Exit status 1 when a break passes
+all its tests. tests/test_breaks.py keeps the list true to the code: every break's line must occur
+exactly once where it says, so a change that moves such a line must move its break too."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("melt_core", "workflow", "benchmarks", "tests", "config", "pyproject.toml", "Snakefile")
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # occurs exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or files that must fail
+
+
+EQ = "tests/test_melt_equivalences.py"
+TRAIN = "tests/test_train.py"
+FIRST_STEP = f"{TRAIN}::test_logged_losses_are_the_definitions_at_the_first_step"
+LOSSES = "tests/test_losses.py"
+CLAIMS = "tests/test_claims.py"
+ACC_CLAIMS = f"{CLAIMS}::test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_the_opposite"
+
+BREAKS = [
+    # the method: gates, RoPE, norms, the cache, Phase-1 mixing, chunking
+    Break("gate: z and 1 - z swapped", "melt_core/gate.py", "torch.lerp(a, h_prev, z.to(a.dtype))",
+          "torch.lerp(h_prev, a, z.to(a.dtype))", (EQ,)),
+    Break("gate: mean over loop + 2", "melt_core/gate.py", "(a - h_prev) / (loop + 1)", "(a - h_prev) / (loop + 2)",
+          (EQ,)),
+    Break("gate: loop-1 gate keeps z of a", "melt_core/gate.py",
+          "return (1 - torch.sigmoid(self.input_proj(a))) * a", "return torch.sigmoid(self.input_proj(a)) * a", (EQ,)),
+    Break("gate: EMA's first loop", "melt_core/gate.py", "return (1 - self.ema_z) * a", "return self.ema_z * a", (EQ,)),
+    Break("gate: init bias ignored", "melt_core/gate.py", "            self.input_proj.bias.fill_(bias)\n",
+          "            self.input_proj.bias.fill_(0.0)\n", ("tests/test_checkpoint.py",)),
+    Break("gate: init std ignored", "melt_core/gate.py",
+          "w = torch.randn(lin.weight.shape, generator=generator, dtype=torch.float32) * std",
+          "w = torch.randn(lin.weight.shape, generator=generator, dtype=torch.float32) * 0.02",
+          ("tests/test_checkpoint.py",)),
+    Break("rope: rotation sign", "melt_core/model.py", "torch.cat((-x2, x1), dim=-1)", "torch.cat((x2, -x1), dim=-1)",
+          (EQ,)),
+    Break("model: no sandwich norm", "melt_core/model.py", "x = x + self.input_layernorm_2(o)", "x = x + o", (EQ,)),
+    Break("model: RMSNorm eps x100", "melt_core/model.py", ".mean(-1, keepdim=True) + self.eps)",
+          ".mean(-1, keepdim=True) + 100 * self.eps)", ("tests/test_ouro_reference.py",)),
+    Break("model: exit distribution", "melt_core/model.py", "remaining = remaining * (1 - lam[t])",
+          "remaining = remaining * lam[t]", ("tests/test_ouro_reference.py",)),
+    Break("model: chunks not aligned to the end", "melt_core/model.py",
+          "sl = slice(start, min(start + (first if start == 0 else chunk_size), L))",
+          "sl = slice(start, min(start + chunk_size, L))", ("tests/test_generate.py",)),
+    Break("cache: loop-1 rows committed", "melt_core/cache.py",
+          "        if loop == self.T - 1:\n            self.final[layer].append(keep(cur), self.rows)",
+          "        if loop == 0:\n            self.final[layer].append(keep(cur), self.rows)", (EQ,)),
+    Break("cache: Phase-1 mixing with alpha^2", "melt_core/cache.py",
+          "return tuple(alpha * m + (1 - alpha) * o for m, o in zip(melt, ouro))",
+          "return tuple(alpha * alpha * m + (1 - alpha * alpha) * o for m, o in zip(melt, ouro))", (EQ,)),
+    Break("cache: window rows left unmixed", "melt_core/cache.py",
+          "return tuple(alpha * m + (1 - alpha) * o[..., slots, :] for m, o in zip(melt, ouro))",
+          "return tuple(m for m, o in zip(melt, ouro))", (EQ,)),
+    Break("config: MELT's KV bytes doubled", "melt_core/config.py",
+          "return per_row if self.is_melt else per_row * self.total_ut_steps",
+          "return per_row * 2 if self.is_melt else per_row * self.total_ut_steps", ("tests/test_cache_memory.py",)),
+    Break("config: window rows one loop short", "melt_core/config.py",
+          "rows += min(self.window, num_tokens) * self.total_ut_steps",
+          "rows += min(self.window, num_tokens) * (self.total_ut_steps - 1)", ("tests/test_cache_memory.py",)),
+    Break("profiler: max batch ignores the weights", "melt_core/profiler.py",
+          "max_batch = int((cap_gb * GB - w_analytic) // cfg.kv_bytes(context, nbytes))",
+          "max_batch = int((cap_gb * GB) // cfg.kv_bytes(context, nbytes))", ("tests/test_profiler_download.py",)),
+    # training
+    Break("kd: final loop only", "melt_core/losses.py", "return (kl.mean(0) * mask).sum() * temperature**2",
+          "return (kl[-1] * mask).sum() * temperature**2", (LOSSES,)),
+    Break("kd: temperature not squared", "melt_core/losses.py", "* temperature**2", "* temperature", (LOSSES,)),
+    Break("alignment: summed over pairs", "melt_core/losses.py", "return total / len(student_outs)", "return total",
+          (LOSSES,)),
+    Break("train: KD over positions", "melt_core/train.py", "kd_part = kd / n_tokens", "kd_part = kd / n_positions",
+          (FIRST_STEP,)),
+    Break("train: beta dropped", "melt_core/train.py", "align_part = phase.align_beta * align / n_positions",
+          "align_part = align / n_positions", (FIRST_STEP,)),
+    Break("train: KD arguments swapped", "melt_core/train.py",
+          "kd = kd_loss_sum(s_out.per_loop_logits, t_out.per_loop_logits,",
+          "kd = kd_loss_sum(t_out.per_loop_logits, s_out.per_loop_logits,", (FIRST_STEP,)),
+    Break("train: warmup a step late", "melt_core/train.py", "return min(1.0, (step + 1) / warmup) if warmup else 1.0",
+          "return min(1.0, (step + 2) / warmup) if warmup else 1.0",
+          (f"{TRAIN}::test_mlflow_gets_each_learning_rate_and_the_step_as_its_axis",)),
+    Break("train: gradient clipping dropped", "melt_core/train.py",
+          'torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip or float("inf"))',
+          'torch.nn.utils.clip_grad_norm_(student.parameters(), float("inf"))',
+          (f"{TRAIN}::test_gradient_clipping_reaches_the_update",)),
+    Break("train: alpha rises as frac^2", "melt_core/train_config.py",
+          "return self.alpha_start + (self.alpha_end - self.alpha_start) * frac",
+          "return self.alpha_start + (self.alpha_end - self.alpha_start) * frac * frac",
+          (f"{TRAIN}::test_alpha_zero_starts_at_the_teacher_and_losses_fall",)),
+    Break("teacher cache: key without the teacher", "melt_core/teacher_cache.py",
+          'key = {"teacher": data_digest(cfg.teacher), "data": data,', 'key = {"data": data,',
+          (f"{TRAIN}::test_shared_teacher_logits_train_bitwise_the_same",)),
+    Break("teacher cache: key without the seed", "melt_core/teacher_cache.py", '"seed": cfg.seed, "batch_size"',
+          '"batch_size"', (f"{TRAIN}::test_shared_teacher_logits_train_bitwise_the_same",)),
+    Break("teacher cache: Phase 2 reads a file", "melt_core/teacher_cache.py",
+          "if shared is not None and not need_align and shared.is_file():",
+          "if shared is not None and shared.is_file():",
+          (f"{TRAIN}::test_shared_teacher_logits_train_bitwise_the_same",)),
+    Break("data: rows do not overlap", "melt_core/data.py",
+          "ids, mask = (t.unfold(0, seq_len + 1, seq_len).contiguous() for t in (ids, mask))",
+          "ids, mask = (t.unfold(0, seq_len + 1, seq_len + 1).contiguous() for t in (ids, mask))",
+          ("tests/test_data.py",)),
+    Break("data: loss mask on inputs", "melt_core/data.py", "        mask = mask[:, 1:]\n",
+          "        mask = mask[:, :-1]\n", ("tests/test_data.py",)),
+    Break("data: one order for every epoch", "melt_core/data.py", "order = self._order(step * batch_size // len(self))",
+          "order = self._order(0)", ("tests/test_data.py",)),
+    Break("exit gate: gain sign", "melt_core/early_exit.py", "gain = (ce[:-1] - ce[1:]).clamp(min=0)",
+          "gain = (ce[1:] - ce[:-1]).clamp(min=0)", ("tests/test_early_exit.py",)),
+    Break("exit gate: target inverted", "melt_core/early_exit.py",
+          'bce = F.binary_cross_entropy_with_logits(exit_logits[:-1].float(), 1 - go_on, reduction="none")',
+          'bce = F.binary_cross_entropy_with_logits(exit_logits[:-1].float(), go_on, reduction="none")',
+          ("tests/test_early_exit.py",)),
+    Break("exit rule: stops later than q", "melt_core/early_exit.py", "return cdf >= self.q if self.q < 1.0 else stop",
+          "return cdf > self.q + 0.05 if self.q < 1.0 else stop", ("tests/test_early_exit.py",)),
+    # generation and scoring
+    Break("sampling: temperature ignored", "melt_core/generate.py",
+          "probs = torch.softmax(logits.float() / params.temperature, dim=-1)",
+          "probs = torch.softmax(logits.float(), dim=-1)", ("tests/test_generate.py",)),
+    Break("sampling: nucleus one token too wide", "melt_core/generate.py",
+          "outside = sorted_p.cumsum(-1) - sorted_p > params.top_p", "outside = sorted_p.cumsum(-1) > params.top_p",
+          ("tests/test_generate.py",)),
+    Break("sampling: one generator for all rows", "melt_core/generate.py",
+          "for i, g in enumerate(generators)]).squeeze(-1)",
+          "for i, g in enumerate([generators[0]] * len(generators))]).squeeze(-1)", ("tests/test_generate.py",)),
+    Break("score: gold anywhere in the completion", "melt_core/lighteval_tasks.py",
+          "return float(extract_answer(model_response.text[0], self.style) == gold)",
+          "return float(gold in extract_answer(model_response.text[0], self.style))", ("tests/test_evaluate.py",)),
+    Break("score: first boxed answer", "melt_core/lighteval_tasks.py", '    start = text.rfind("\\\\boxed{")',
+          '    start = text.find("\\\\boxed{")', ("tests/test_benchmark_rows.py",)),
+    Break("score: answers inside the thinking", "melt_core/lighteval_tasks.py",
+          '    text = text.split("</think>")[-1]\n', "    text = text\n", ("tests/test_benchmark_rows.py",)),
+    Break("score: pass@k from one sample", "melt_core/lighteval_tasks.py",
+          "for p in model_response.final_text[: self.n]])", "for p in model_response.final_text[:1]] * self.n)",
+          ("tests/test_lighteval_suite.py",)),
+    Break("score: cached per question, not per sample", "melt_core/lighteval_tasks.py",
+          "key = (doc.query, tuple(doc.choices), model_response.text[0])", "key = (doc.query, tuple(doc.choices))",
+          ("tests/test_benchmark_rows.py",)),
+    Break("metrics: pass@k estimator", "melt_core/metrics.py", "return 1.0 - math.comb(n - c, k) / math.comb(n, k)",
+          "return 1.0 - math.comb(n - c, k) / math.comb(n + 1, k)", ("tests/test_evaluate.py",)),
+    Break("eval: best question, not the mean", "melt_core/evaluate.py",
+          'return {f"pass@{k}": float(np.mean([d["scores"][f"pass@{k}"] for d in details])) for k in ks}',
+          'return {f"pass@{k}": float(np.max([d["scores"][f"pass@{k}"] for d in details])) for k in ks}',
+          ("tests/test_lighteval_suite.py",)),
+    # verdicts and claims
+    Break("verdict: a tie at 0 wins", "workflow/scripts/verdicts.py",
+          "return (HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE), fmt(mean, lo, hi)",
+          "return (HOLDS if lo >= 0 else FAILS if hi < 0 else INCONCLUSIVE), fmt(mean, lo, hi)",
+          ("tests/test_verdicts.py",)),
+    Break("verdict: 'near' on the lower end", "workflow/scripts/verdicts.py",
+          "return (HOLDS if hi <= margin else FAILS if lo > margin else INCONCLUSIVE)",
+          "return (HOLDS if lo <= margin else FAILS if lo > margin else INCONCLUSIVE)", ("tests/test_verdicts.py",)),
+    Break("verdict: no floor for the teacher", "workflow/scripts/verdicts.py",
+          "if float(np.mean(reference)) < floor:", "if float(np.mean(reference)) < 0:", ("tests/test_verdicts.py",)),
+    Break("verdict: seeds drawn apart", "workflow/scripts/verdicts.py", "sb = sa if b.shape[0] == a.shape[0] else",
+          "sb = rng.integers(0, b.shape[0], size=(BOOTSTRAP, b.shape[0])) if True else", ("tests/test_verdicts.py",)),
+    Break("verdict: one failing part is enough to hold", "workflow/scripts/verdicts.py",
+          "if any(v == FAILS for v in verdicts):\n        return FAILS",
+          "if all(v == FAILS for v in verdicts):\n        return FAILS", ("tests/test_verdicts.py",)),
+    Break("claims: KV ratio within 1 of T", "workflow/scripts/claims.py",
+          "HOLDS if abs(ratio - T) < 1e-9 else FAILS))", "HOLDS if abs(ratio - T) < 1 else FAILS))", (CLAIMS,)),
+    Break("claims: Ouro's growth not checked", "workflow/scripts/claims.py", "HOLDS if flat and linear else FAILS))",
+          "HOLDS if flat else FAILS))", (CLAIMS,)),
+    Break("claims: near Ouro within 50", "workflow/scripts/claims.py",
+          "verdict, ci = near(q(r.main_model), ouro, 5.0, ouro)",
+          "verdict, ci = near(q(r.main_model), ouro, 50.0, ouro)", (ACC_CLAIMS,)),
+    Break("claims: sharing read backwards", "workflow/scripts/claims.py",
+          'parts = {v: beats(qs("ouro"), qs(r.sharing_model(v)), qs("ouro"))',
+          'parts = {v: beats(qs(r.sharing_model(v)), qs("ouro"), qs("ouro"))', (ACC_CLAIMS,)),
+    Break("claims: gates read backwards", "workflow/scripts/claims.py",
+          'parts = {g: beats(q(r.run_model("elementwise", recipe)), q(r.run_model(g, recipe)), ouro) for g in others}',
+          'parts = {g: beats(q(r.run_model(g, recipe)), q(r.run_model("elementwise", recipe)), ouro) for g in others}',
+          (ACC_CLAIMS,)),
+    Break("claims: recipe steps read backwards", "workflow/scripts/claims.py",
+          "parts = {(a, b): beats(q(r.run_model(gate, a)), q(r.run_model(gate, b)), ouro)",
+          "parts = {(a, b): beats(q(r.run_model(gate, b)), q(r.run_model(gate, a)), ouro)", (ACC_CLAIMS,)),
+    Break("claims: chunking read backwards", "workflow/scripts/claims.py",
+          "verdict, ci = beats(before, after, ouro)", "verdict, ci = beats(after, before, ouro)", (ACC_CLAIMS,)),
+    Break("claims: prefill read backwards", "workflow/scripts/claims.py",
+          "verdict, ci = near(q(chunked), q(exact), 5.0, q(exact))",
+          "verdict, ci = near(q(exact), q(chunked), 5.0, q(exact))", (ACC_CLAIMS,)),
+    Break("claims: window read backwards", "workflow/scripts/claims.py",
+          'verdict, ci = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"))',
+          'verdict, ci = near(qs(r.main_model), qs(variant), 5.0, qs("ouro"))', (ACC_CLAIMS,)),
+    Break("claims: early exit without Bonferroni", "workflow/scripts/claims.py", "    level = 1 - 0.05 / tries\n",
+          "    level = 0.95\n", (CLAIMS,)),
+    Break("claims: early exit past the loop budget", "workflow/scripts/claims.py",
+          "for row in g[g.loop_fraction <= EXIT_BUDGET].itertuples():", "for row in g.itertuples():", (CLAIMS,)),
+    Break("claims: decode speed from one round", "workflow/scripts/claims.py",
+          "verdict = (HOLDS if max(ratios) < 1 else", "verdict = (HOLDS if min(ratios) < 1 else", (CLAIMS,)),
+    Break("claims: train speed from one round", "workflow/scripts/claims.py",
+          "    if all(lo <= x <= hi for x in rounds):\n", "    if any(lo <= x <= hi for x in rounds):\n", (CLAIMS,)),
+    Break("cross machine: one-sided verdicts counted", "benchmarks/cross_machine.py",
+          "(flips if all(decided) else one_sided).append(claim)",
+          "(flips if any(decided) else one_sided).append(claim)", ("tests/test_cross_machine.py",)),
+    Break("cross machine: a bracketed reason hides a flip", "benchmarks/cross_machine.py",
+          'decided = [v.split(" (")[0] in DECIDED for v in (va, vb)]', "decided = [v in DECIDED for v in (va, vb)]",
+          ("tests/test_cross_machine.py",)),
+    Break("config: a trained checkpoint's phases unknown", "melt_core/config.py",
+          '"pretrain_report", "phases"}', '"pretrain_report"}',
+          (f"{TRAIN}::test_phase_by_phase_equals_one_run",)),
+]
+
+
+def run(brk: Break, scratch: Path) -> tuple[bool, str, float]:
+    """(caught, the first failing test or the last summary line, seconds)."""
+    target = scratch / brk.path
+    source = target.read_text()
+    target.write_text(source.replace(brk.old, brk.new, 1))
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *brk.tests],
+                           cwd=scratch, capture_output=True, text=True, timeout=1200)
+    finally:
+        target.write_text(source)
+    failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in r.stdout.splitlines()
+              if line.startswith(("FAILED", "ERROR"))]
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    return r.returncode != 0, (failed[0] if failed else lines[-1] if lines else r.stderr[-200:]), \
+        time.perf_counter() - t0
+
+
+def main(words: list[str]) -> int:
+    chosen = [b for b in BREAKS if not words or any(w.lower() in b.name.lower() for w in words)]
+    with tempfile.TemporaryDirectory(prefix="melt-breaks-") as tmp:
+        scratch = Path(tmp)
+        for name in COPIED:
+            src = ROOT / name
+            if src.is_dir():
+                shutil.copytree(src, scratch / name, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+            else:
+                shutil.copy2(src, scratch / name)
+        survived = []
+        for brk in chosen:
+            caught, where, seconds = run(brk, scratch)
+            print(f"{'caught ' if caught else 'PASSED '} {brk.name:50s} {seconds:5.1f}s  {where}", flush=True)
+            if not caught:
+                survived.append(brk.name)
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} breaks caught"
+          + (f"; passed their tests: {survived}" if survived else ""))
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
