@@ -60,11 +60,10 @@ def test_conversion_draws_the_gates_as_configured(ouro):
     # thousands of draws: the sample std of N(0, 0.25) is within 5% of 0.5, its mean near 0
     assert w.numel() > 2000 and abs(float(w.std()) - 0.5) < 0.025 and abs(float(w.mean())) < 0.05
     assert all(bool((layer.gate.input_proj.bias == -2.0).all()) for layer in a.model.layers)
-    ours = set(ouro.state_dict())
-    sa, sb, so = a.state_dict(), again.state_dict(), other.state_dict()
+    ours, sa, sb, so = ouro.state_dict(), a.state_dict(), again.state_dict(), other.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)  # the seed decides
     assert any(not torch.equal(sa[k], so[k]) for k in sa if ".gate." in k)
-    assert all(torch.equal(sa[k], ouro.state_dict()[k]) for k in ours)
+    assert all(torch.equal(sa[k], v) for k, v in ours.items())
 
 
 @pytest.mark.parametrize("variant", ["elementwise", "scalar", "mean", "ema", "last"])

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers import rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
 import claims  # noqa: E402
@@ -101,9 +102,7 @@ class World(Results):
         self.sweeps = {"loops": []}
 
     def per_question(self, model, paper_column):
-        share = self.accuracy[model] / 100
-        row = [100.0 if (i * share) % 1 + share >= 1 - 1e-9 else 0.0 for i in range(200)]
-        return np.asarray([row] * len(self.seeds))
+        return np.asarray([rate(self.accuracy[model] / 100)] * len(self.seeds))
 
     def score(self, model, paper_column):
         return self.accuracy[model]
@@ -123,6 +122,9 @@ def world(main, sharing, elementwise_gate, other_gates, recipe_chain, prefill, w
     return World(acc)
 
 
+# every claim true by a wide margin
+TRUE_WORLD = dict(main=99, sharing=10, elementwise_gate=75, other_gates=40, recipe_chain=[99, 85, 75, 60, 5],
+                  prefill=98.5, window=98.5)
 ACCURACY_CLAIMS = ("MELT stays near Ouro in accuracy", "MELT stays near Ouro on long answers",
                    "Untrained KV sharing loses", "The element-wise gate beats", "Each recipe component helps",
                    "Chunk-wise training is indispensable", "Ours, not the paper's: MELT prefilled",
@@ -143,9 +145,7 @@ def test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_t
     """Each claim reads its models in the right order: in a world where every claim is true by a
     wide margin each holds, and in the mirror world each fails (a comparison read backwards, or
     against the wrong model, turns one of them around)."""
-    true = world(main=99, sharing=10, elementwise_gate=75, other_gates=40, recipe_chain=[99, 85, 75, 60, 5],
-                 prefill=98.5, window=98.5)
-    assert verdicts_of(true) == dict.fromkeys(ACCURACY_CLAIMS, HOLDS)
+    assert verdicts_of(world(**TRUE_WORLD)) == dict.fromkeys(ACCURACY_CLAIMS, HOLDS)
     false = world(main=50, sharing=100, elementwise_gate=75, other_gates=95, recipe_chain=[50, 60, 75, 85, 95],
                   prefill=20, window=20, ouro=90)
     assert all(v.startswith(FAILS) for v in verdicts_of(false).values()), verdicts_of(false)
@@ -159,8 +159,7 @@ def test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_t
 def test_memory_claims_are_judged_exactly(ouro_bytes, ouro_sweep, expected):
     """Bytes are exact: MELT's cache is 1/T of Ouro's only at a ratio of exactly T, and flat/linear
     in T only when every point of the loop sweep is."""
-    r = world(main=99, sharing=10, elementwise_gate=75, other_gates=40, recipe_chain=[99, 85, 75, 60, 5],
-              prefill=98.5, window=98.5)
+    r = world(**TRUE_WORLD)
     r.memory = pd.DataFrame({"shape": ["ouro-1.4b", "melt-1.6b"], "kv_bytes_measured": [ouro_bytes, 12582912],
                              "kv_mb_per_token_measured": [ouro_bytes / 64e6, 12582912 / 64e6]})
     r.sweeps = {"loops": [{"model": "melt", "T": t, "kv_mb_per_token": 0.196608} for t in (1, 2, 4, 8)]

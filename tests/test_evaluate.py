@@ -47,7 +47,7 @@ def test_embedded_tasks_score_the_exact_answer_only():
                            {"role": "assistant", "content": "7f5ciab68ahca8a8"}]}
     config = task_config({"name": "digit_sum", "data_dir": ".", "samples": 4, "ks": [1]})
     doc = jsonl_prompt(record, "digit_sum")
-    gold = "7f5ciab68ahca8a8"
+    gold = record["messages"][-1]["content"]
     for text in (gold, f" {gold}\n"):
         assert sample_correct(config, doc, text), text
     for text in (f"{gold}0", f"0{gold}", f"the sum is {gold}", gold[:-1], "", "0123456789abcdefghij" * 2):

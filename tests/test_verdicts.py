@@ -7,17 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
 from verdicts import FAILS, HOLDS, INCONCLUSIVE, NA, all_of, beats, near, paired_interval  # noqa: E402
 
 N = 200
 TEACHER = [100.0] * N
-
-
-def rate(p: float, n: int = N) -> list[float]:
-    """n questions of which a share p are solved (deterministic pattern)."""
-    return [100.0 if (i * p) % 1 + p >= 1 - 1e-9 else 0.0 for i in range(n)]
 
 
 @pytest.mark.parametrize("a,b,reference,expected", [
