@@ -43,12 +43,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from lighteval.models.abstract_model import LightevalModel
 from lighteval.models.abstract_model import ModelConfig as LightevalModelConfig
 from lighteval.models.model_input import GenerationParameters
 from lighteval.models.model_output import ModelResponse
+from lighteval.tasks.prompt_manager import PromptManager
 from lighteval.tasks.requests import Doc
 from lighteval.utils.cache_management import SampleCache
 
@@ -118,16 +117,12 @@ class MeltLightevalModel(LightevalModel):
         return self.model.config.max_position_embeddings
 
     def prompt(self, doc: Doc) -> str:
-        """The text the model completes: the doc's messages (or its instruction + query, as
-        lighteval's own prompt manager joins them) in the chat template, or the bare query."""
+        """The text the model completes: the doc's messages (our tasks), or the messages lighteval's
+        own chat route builds from its instruction, few-shot samples and query, in the chat
+        template; or the bare query."""
         if self.config.template is None:
             return doc.query
-        messages = (doc.specific or {}).get("messages")
-        if not messages:
-            query = doc.query
-            if doc.instruction and not query.startswith(doc.instruction):
-                query = doc.instruction + query
-            messages = [{"role": "user", "content": query}]
+        messages = (doc.specific or {}).get("messages") or PromptManager(use_chat_template=True).prepare_prompt_api(doc)
         return prompt_text({"messages": messages}, self._tokenizer, self.config.template)
 
     def _sampling(self, doc: Doc, prompt_len: int) -> SamplingParams:
@@ -166,26 +161,12 @@ class MeltLightevalModel(LightevalModel):
                                              output_tokens=[o.token_ids for o in samples])
         return responses
 
-    @torch.no_grad()
     def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
-        responses = []
-        for doc in docs:
-            context = self.tok_encode(self.prompt(doc))
-            logprobs, argmax_eq = [], []
-            for choice in doc.choices:
-                cont = self.tok_encode(choice)
-                ids = torch.tensor([context + cont])
-                logits = self.model(ids, chunk_size=self.config.spec.prefill_chunk).logits[0, len(context) - 1:-1]
-                lp = F.log_softmax(logits.float(), -1)
-                target = torch.tensor(cont)
-                logprobs.append(float(lp.gather(-1, target[:, None]).sum()))
-                argmax_eq.append(bool((lp.argmax(-1) == target).all()))
-            responses.append(ModelResponse(input=doc.query, logprobs=logprobs, argmax_logits_eq_gold=argmax_eq))
-        return responses
+        raise NotImplementedError(
+            "no log-likelihood route: every task is scored on generated samples (melt_core.lighteval_tasks "
+            "refuses a metric that is not per-sample generative before the model is asked)")
 
-    def loglikelihood_rolling(self, docs: list[Doc]) -> list[ModelResponse]:
-        return self.loglikelihood([Doc(query=self._tokenizer.bos_token, choices=[d.query], gold_index=0)
-                                   for d in docs])
+    loglikelihood_rolling = loglikelihood
 
 
 @contextlib.contextmanager

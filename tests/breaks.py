@@ -37,6 +37,11 @@ TRAIN = "tests/test_train.py"
 FIRST_STEP = f"{TRAIN}::test_logged_losses_are_the_definitions_at_the_first_step"
 LOSSES = "tests/test_losses.py"
 CLAIMS = "tests/test_claims.py"
+CODE = "tests/test_code_scoring.py"
+SANDBOX = "tests/test_sandbox.py"
+JUDGED = f"{CODE}::test_humanevalplus_judges_values_the_benchmarks_way"
+LAST_BLOCK = f"{CODE}::test_the_answer_is_the_last_code_block_after_the_thinking"
+DIGESTS = f"{CODE}::test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong"
 ACC_CLAIMS = f"{CLAIMS}::test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_the_opposite"
 
 BREAKS = [
@@ -217,6 +222,84 @@ BREAKS = [
     Break("config: a trained checkpoint's phases unknown", "melt_core/config.py",
           '"pretrain_report", "phases"}', '"pretrain_report"}',
           (f"{TRAIN}::test_phase_by_phase_equals_one_run",)),
+    # code scoring (HumanEval / HumanEval+), the sandbox
+    Break("code: float results compared exactly", "melt_core/code_tasks.py",
+          "    if atol == 0 and is_floats(exp):\n        atol = 1e-6\n    return atol != 0",
+          "    return atol != 0", (JUDGED,)),
+    Break("code: rtol 1e-3", "melt_core/code_tasks.py", "rtol: float = 1e-7) -> bool:", "rtol: float = 1e-3) -> bool:",
+          (JUDGED,)),
+    Break("code: bools equal ints", "melt_core/code_harness.py", 'out.append("T" if x else "F")',
+          'out.append("i1" if x else "i0")', (JUDGED,)),
+    Break("code: no input is ever asked", "melt_core/code_tasks.py",
+          "plan.budgets = [max(MIN_CALL_S, TIME_FACTOR * t) for t in seconds]", "plan.budgets = []", (CODE,)),
+    Break("code: a root anywhere within 1", "melt_core/code_tasks.py",
+          "for i, c in enumerate(xs))) <= atol", "for i, c in enumerate(xs))) <= 1.0", (JUDGED,)),
+    Break("code: the first python block", "melt_core/code_tasks.py", "code = blocks[-1] if blocks else answer",
+          "code = blocks[0] if blocks else answer", (LAST_BLOCK,)),
+    Break("code: code inside the thinking", "melt_core/code_tasks.py",
+          'answer = completion.split("</think>")[-1]', "answer = completion", (LAST_BLOCK,)),
+    Break("code: a judge without a verdict passes", "melt_core/code_tasks.py",
+          "                    return False\n        return False",
+          "                    return False\n        return True",
+          (f"{CODE}::test_a_judge_that_ends_without_a_verdict_fails",)),
+    Break("code: a large output's digest not compared", "melt_core/code_tasks.py",
+          "            return digest(out) == expected.hex", "            return True", (DIGESTS,)),
+    Break("sandbox: network shared", "melt_core/sandbox.py", '"--unshare-all", "--die-with-parent"',
+          '"--unshare-user", "--unshare-pid", "--die-with-parent"', (SANDBOX,)),
+    Break("sandbox: bwrap started with our environment", "melt_core/sandbox.py", "cwd=cwd, env=dict(BWRAP_ENV),",
+          "cwd=cwd, env=None,", (f"{SANDBOX}::test_nothing_of_the_scorers_environment_is_readable_inside",)),
+    Break("sandbox: address space unlimited", "melt_core/sandbox.py", "(resource.RLIMIT_AS, limits.memory_bytes)",
+          "(resource.RLIMIT_AS, resource.RLIM_INFINITY)",
+          (f"{SANDBOX}::test_one_process_is_capped_where_no_cgroup_can_be_made",)),
+    Break("lighteval: the query alone as the message", "melt_core/lighteval_adapter.py",
+          "or PromptManager(use_chat_template=True).prepare_prompt_api(doc)",
+          'or [{"role": "user", "content": doc.query}]',
+          ("tests/test_lighteval.py::test_prompts_hold_the_messages_lightevals_own_chat_route_builds",)),
+    # checkpoints, conversion, resuming
+    Break("checkpoint: checksums not verified", "melt_core/checkpoint.py",
+          "    verify_checksums(path)\n    state = read_state_dict(path)", "    state = read_state_dict(path)",
+          ("tests/test_checkpoint.py",)),
+    Break("checkpoint: a changed file's digest ignored", "melt_core/checkpoint.py", "        if got != digest:",
+          "        if False:", ("tests/test_checkpoint.py",)),
+    Break("convert: the gates' seed ignored", "melt_core/checkpoint.py", "gen = torch.Generator().manual_seed(seed)",
+          "gen = torch.Generator().manual_seed(0)", ("tests/test_checkpoint.py",)),
+    Break("convert: tokenizer not carried along", "melt_core/checkpoint.py",
+          'SIDE_FILES = ("tokenizer.json", ', "SIDE_FILES = (", ("tests/test_checkpoint.py",)),
+    Break("resume: optimizer state not restored", "melt_core/trainer_state.py",
+          'if resume is not None or cfg.handoff == "continue":', 'if resume is None and cfg.handoff == "continue":',
+          (TRAIN,)),
+    Break("resume: RNG state not restored", "melt_core/trainer_state.py",
+          '    torch.set_rng_state(state["torch_rng"])\n', "",
+          (f"{TRAIN}::test_a_checkpoint_restores_the_random_streams_for_its_own_config_only",)),
+    Break("resume: another config's checkpoint accepted", "melt_core/trainer_state.py",
+          "    if saved != config_hash(_resume_key(cfg)):", "    if False:",
+          (f"{TRAIN}::test_a_checkpoint_restores_the_random_streams_for_its_own_config_only",)),
+    Break("resume: from the oldest checkpoint", "melt_core/trainer_state.py", "    last = complete[-1]",
+          "    last = complete[0]", (TRAIN,)),
+    Break("handoff: an unfinished phase accepted", "melt_core/trainer_state.py",
+          'if saved.get("train_step") != sum(p["steps"] for p in done):', "if False:",
+          (f"{TRAIN}::test_phase_by_phase_equals_one_run",)),
+    Break("prune: the newest checkpoints removed", "melt_core/trainer_state.py",
+          "for old in _checkpoints(out_dir)[:-keep]:", "for old in _checkpoints(out_dir)[keep:]:",
+          (f"{TRAIN}::test_killed_run_resumes_bitwise",)),
+    Break("download: every file of the repo taken", "melt_core/download.py", 'ALLOW = ["config.json", ',
+          'ALLOW = ["*", "config.json", ',
+          ("tests/test_profiler_download.py::test_fetch_takes_no_pickle_and_no_code",)),
+    # the cache's masks and the sharing baselines
+    Break("cache: window one token wider", "melt_core/cache.py", "(k < q - window) if window",
+          "(k <= q - window) if window", (EQ, "tests/test_generate.py", "tests/test_cache_memory.py")),
+    Break("cache: window rows one token wider", "melt_core/cache.py", "(slots[None, :] >= q - self.window.size)",
+          "(slots[None, :] >= q - self.window.size - 1)", (EQ, "tests/test_generate.py", "tests/test_cache_memory.py")),
+    Break("cache: padding keys readable", "melt_core/cache.py",
+          "allowed = allowed & (kv_valid[:, None, None, :] | (k == q)[None, None])", "allowed = allowed",
+          (EQ, "tests/test_generate.py")),
+    Break("cache: a chunk attends to its future", "melt_core/cache.py", "(k <= q) if chunk_causal",
+          "torch.ones_like(past) if chunk_causal", (EQ,)),
+    Break("cache: first-loop sharing writes every loop", "melt_core/model.py",
+          'write_every_loop=mode == "last-loop")', "write_every_loop=True)", (EQ, "tests/test_generate.py")),
+    Break("cache: truncated BPTT not truncated", "melt_core/cache.py",
+          "if self.detach_past else (lambda kv: kv)", "if False else (lambda kv: kv)",
+          (f"{EQ}::test_truncated_bptt_cuts_exactly_the_gradient_into_earlier_chunks",)),
 ]
 
 

@@ -44,6 +44,19 @@ def test_conversion_round_trip(ouro, fixture_dir, tmp_path, reference):
     assert melt.config.gate_parameters() == 3 * (2 * 64 * 64 + 64)
 
 
+def test_conversion_carries_the_tokenizer_and_generation_files_along(fixture_dir, tmp_path):
+    """The hub's side files (tokenizer, chat template, generation config) reach the MELT checkpoint
+    unchanged and under its checksums: the evals read the tokenizer and template from there."""
+    src = copy_fixture(fixture_dir, tmp_path / "ouro")
+    for i, name in enumerate(melt_core.checkpoint.SIDE_FILES):
+        (src / name).write_text(json.dumps({"file": name, "i": i}))
+    dst = melt_core.convert_ouro_to_melt(src, tmp_path / "melt", gate="scalar")
+    sums = json.loads((dst / "checksums.json").read_text())
+    for name in melt_core.checkpoint.SIDE_FILES:
+        assert (dst / name).read_bytes() == (src / name).read_bytes() and name in sums, name
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"} <= set(sums)
+
+
 def test_gate_parameter_count_at_paper_scale():
     assert ModelConfig.from_name("melt-1.6b").gate_parameters() == 24 * (2 * 2048**2 + 2048)  # ~0.2B
     assert ModelConfig.from_name("melt-3.1b").gate_parameters() == 48 * (2 * 2048**2 + 2048)

@@ -53,7 +53,7 @@ def test_humaneval_tests_are_judged_by_the_benchmarks_own_code_in_its_own_sandbo
 def test_humanevalplus_rows_parse_in_their_three_shapes():
     kinds = {task_id: parse_tests(row["test"], row["prompt"]).kind for task_id, row in PLUS_BY_ID.items()}
     assert kinds == {"HumanEval/0": "io", "HumanEval/2": "io", "HumanEval/4": "io", "HumanEval/8": "io",
-                     "HumanEval/12": "io", "HumanEval/32": "root", "HumanEval/130": "reference"}
+                     "HumanEval/12": "io", "HumanEval/21": "io", "HumanEval/32": "root", "HumanEval/130": "reference"}
     assert "import numpy as np" in PLUS_BY_ID["HumanEval/2"]["test"]  # the real tests need numpy
 
 
@@ -78,9 +78,17 @@ PLUS_CASES = [  # (task, body, score): the benchmark's own comparison, with stri
     ("HumanEval/8", "    import math\n    return [sum(numbers), math.prod(numbers)]\n", 0.0),  # a list, not a tuple
     ("HumanEval/8", "    import math\n    return (sum(numbers), math.prod(numbers))\n", 1.0),
     ("HumanEval/12", "    return max(strings, key=len) if strings else ''\n", 0.0),  # '' is not None
+    # atol 0 but float results: evalplus allows 1e-6 (these differ from the reference by ~1e-16)
+    ("HumanEval/21", "    lo, hi = min(numbers), max(numbers)\n"
+                     "    return [1.0 - (hi - x) / (hi - lo) for x in numbers]\n", 1.0),
+    ("HumanEval/21", "    lo, hi = min(numbers), max(numbers)\n"
+                     "    return [(x - lo) / (hi - lo) + 2e-6 for x in numbers]\n", 0.0),
     ("HumanEval/32", "    return 0.0\n", 0.0),  # not a root
     ("HumanEval/32", "    import numpy as np\n    r = np.roots(xs[::-1])\n    return float(r[np.isreal(r)][0].real)\n",
      1.0),  # another root-finder: judged by the property, not by equality with the reference's root
+    # 1e-3 off a root: |poly| is 2e-3 to 4e-3 on these inputs, over the test's 1e-4
+    ("HumanEval/32", "    import numpy as np\n    r = np.roots(xs[::-1])\n"
+                     "    return float(r[np.isreal(r)][0].real) + 1e-3\n", 0.0),
     ("HumanEval/130", "    return [1, 3, 2.0, 8.0][: n + 1] if n < 4 else [0]\n", 0.0),
     ("HumanEval/130", "    out = [1, 3]\n    for i in range(2, n + 1):\n"
                       "        out.append(1 + i / 2 if i % 2 == 0 else out[-1] + out[-2] + 1 + (i + 1) / 2)\n"
@@ -93,6 +101,16 @@ def test_humanevalplus_judges_values_the_benchmarks_way(task_id, body, expected)
     assert score(PLUS_BY_ID[task_id], as_model_writes(PLUS_BY_ID[task_id], body)) == expected
 
 
+def test_the_answer_is_the_last_code_block_after_the_thinking():
+    """Code inside <think> is a draft, never the answer; after it, a later block replaces an earlier one."""
+    row = PLUS_BY_ID["HumanEval/0"]
+    right, wrong = (f"```python\n{row['prompt']}{body}```" for body in (row["canonical_solution"], "    return None\n"))
+    assert score(row, f"<think>Maybe:\n{right}\nNo, simpler.</think>\nHere it is:\n{wrong}") == 0.0
+    assert score(row, f"<think>Maybe:\n{right}</think>\nThe code above is my answer.") == 0.0
+    assert score(row, f"<think>Maybe:\n{wrong}</think>\nFirst draft:\n{wrong}\nFixed:\n{right}") == 1.0
+    assert score(row, f"<think>Fine.</think>\nFirst draft:\n{right}\nSimpler:\n{wrong}") == 0.0
+
+
 def test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong(monkeypatch):
     """tri(100000) is 100,001 numbers, over the send limit: compared by the sha256 of its key."""
     row = PLUS_BY_ID["HumanEval/130"]
@@ -101,6 +119,19 @@ def test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong(monkeyp
     off_by_one = row["canonical_solution"].replace("(i + 3) / 2", "(i + 3) / 2 + (i == 99999)")
     assert off_by_one != row["canonical_solution"]
     assert score(row, as_model_writes(row, off_by_one)) == 0.0
+    short = "    if n >= 100_000:\n        return [1, 3]\n" + row["canonical_solution"]  # small where it is large
+    assert score(row, as_model_writes(row, short)) == 0.0
+
+
+def test_a_judge_that_ends_without_a_verdict_fails():
+    """The benchmark's test code runs in a process of its own, which can end before it says pass or
+    fail (killed at a limit, crashed): that is a fail, however right the completion."""
+    row = {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n",
+           "entry_point": "add", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"}
+    assert parse_tests(row["test"], row["prompt"]).kind == "script"
+    assert score(row, as_model_writes(row, "    return a + b\n")) == 1.0
+    dies = {**row, "test": row["test"] + "    import os\n    os._exit(0)\n"}
+    assert score(dies, as_model_writes(dies, "    return a + b\n")) == 0.0
 
 
 def test_each_input_gets_a_multiple_of_the_benchmarks_own_time():

@@ -84,6 +84,24 @@ def test_prompt_is_never_truncated(setup):
         m.greedy_until([Doc(query="<bos>" + "1" * 200, choices=["x"], gold_index=0)])
 
 
+def test_prompts_hold_the_messages_lightevals_own_chat_route_builds(setup):
+    """Built-in tasks' docs from lighteval's own prompt functions: MMLU-Redux repeats its instruction
+    at the start of its query (lighteval keeps one copy and strips the rest: "Answer:" without its
+    trailing space), HLE's instruction is not in its query (lighteval puts it in front)."""
+    from lighteval.tasks.tasks.hle import SYSTEM_MESSAGE, hle_text_only
+    from lighteval.tasks.tasks.mmlu_redux import mmlu_redux_2_prompt
+
+    _, _, teacher, _ = setup
+    m = MeltLightevalModel(melt_model_config(ModelSpec("m", str(teacher)), template="chatml-thinking"))
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n".format
+    row = {"question": "Find x.", "choices": ["0", "4", "2", "6"], "answer": 1}  # the hub dataset's columns
+    mmlu = mmlu_redux_2_prompt("abstract_algebra")(row)
+    assert m.prompt(mmlu) == turn("The following are multiple choice questions (with answers) about abstract "
+                                  "algebra.\n\nFind x.\nA. 0\nB. 4\nC. 2\nD. 6\nAnswer:")
+    hle = hle_text_only({"question": "What is 2+2?", "answer": "4", "image": "", "id": "q1"})
+    assert m.prompt(hle) == turn(SYSTEM_MESSAGE + "What is 2+2?")
+
+
 def test_cache_key_follows_the_weights(setup, tmp_path):
     root, _, teacher, _ = setup
     copy = melt_core.save_pretrained(melt_core.load_pretrained(teacher), tmp_path / "ck",

@@ -48,6 +48,24 @@ def test_larger_chunks_are_an_approximation(ouro, reference):
     torch.testing.assert_close(exact[:, :, 0], approx[:, :, 0], **EXACT)  # token 0 sees only itself
 
 
+def test_truncated_bptt_cuts_exactly_the_gradient_into_earlier_chunks(ouro):
+    """train.detach_past: a later chunk's loss reaches earlier tokens only through the cache rows,
+    so with the rows detached the earlier tokens' embeddings get exactly no gradient, and without
+    they get one; the forward values are the same either way."""
+    melt = make_melt(ouro).double()
+    ids = torch.cat((torch.arange(1, 7), torch.arange(50, 56)))[None]  # two chunks of 6, no id in both
+    grads, logits = [], []
+    for detach in (True, False):
+        melt.zero_grad()
+        with torch.enable_grad():  # lighteval, once imported, turns grad off process-wide
+            out = melt(ids, cache=melt.new_cache(detach_past=detach), chunk_size=6)
+            out.per_loop_logits[:, :, 6:].square().sum().backward()  # the second chunk's loss only
+        grads.append(melt.model.embed_tokens.weight.grad[1:7].abs().max().item())
+        logits.append(out.per_loop_logits.detach())
+    assert grads[0] == 0.0 and grads[1] > 1e-6, grads
+    torch.testing.assert_close(logits[0], logits[1], **EXACT)
+
+
 @pytest.mark.parametrize("chunk", [1, 4, 12])
 @pytest.mark.parametrize("window", [0, 3])
 @pytest.mark.parametrize("seed", [1, 2])

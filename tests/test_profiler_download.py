@@ -60,6 +60,18 @@ def test_fetch_local_verifies_checksums(fixture_dir, tmp_path):
     assert not (tmp_path / "ck2").exists() and not list(tmp_path.glob(".ck2.tmp-*"))
 
 
+def test_fetch_takes_no_pickle_and_no_code(fixture_dir, tmp_path):
+    """The hub repos ship modeling code and may ship pickled weights: neither is copied (never run,
+    never unpickled); the weights come from safetensors only."""
+    src = tmp_path / "snapshot"
+    shutil.copytree(fixture_dir, src)
+    (src / "reference_outputs.safetensors").unlink()  # the fixture's, not a hub file
+    for name in ("pytorch_model.bin", "modeling_ouro.py", "configuration_ouro.py", "training_args.bin"):
+        (src / name).write_bytes(b"\x80\x04not for us")
+    out = fetch(tmp_path / "ck", local_dir=src)
+    assert {f.name for f in out.iterdir()} == {"config.json", "model.safetensors", "source.json", "checksums.json"}
+
+
 def test_hub_fetch_needs_a_pinned_revision(tmp_path):
     with pytest.raises(CheckpointError, match="pin a commit"):
         fetch(tmp_path / "x", repo_id="ByteDance/Ouro-1.4B-Thinking", revision=None)

@@ -231,6 +231,16 @@ print([os.waitpid(k, 0)[1] for k in kids])
     assert any(s != 0 for s in statuses), "3 x 700 MB ran within a 1 GB cap"
 
 
+def test_one_process_is_capped_where_no_cgroup_can_be_made(monkeypatch):
+    """Without root or cgroup delegation (a cluster login), the address-space limit alone must stop
+    a process that allocates past memory_bytes."""
+    monkeypatch.setattr(sandbox._Cgroup, "__init__", lambda self, limits: setattr(self, "dirs", []))
+    assert not sandbox.cgroup_in_use()
+    prog = "try:\n    b = bytearray(1536 << 20)\n    print('allocated')\nexcept MemoryError:\n    print('refused')\n"
+    out = sandbox.run_untrusted(prog, limits=sandbox.Limits(memory_bytes=1 << 30, timeout_s=30)).output.decode()
+    assert "refused" in out and "allocated" not in out, out
+
+
 def test_endless_loop_times_out(monkeypatch):
     monkeypatch.setattr(code_tasks, "TIMEOUT_S", 2.0)
     assert score(block("def add(a, b):\n    while True:\n        pass")) == 0.0

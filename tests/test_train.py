@@ -244,6 +244,36 @@ def test_killed_run_resumes_bitwise(setup, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 9))  # the resumed steps logged once, not twice
     a, b = weights(ref), weights(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
+    for run in ("uninterrupted", "interrupted"):  # checkpoints at steps 2, 4, 6 (8 is final); keep_checkpoints 2
+        assert sorted(p.name for p in (setup[0] / run / "checkpoints").iterdir()) == ["step-0000004", "step-0000006"]
+
+
+def test_a_checkpoint_restores_the_random_streams_for_its_own_config_only(setup, tmp_path):
+    """Our trainer draws no random numbers while it steps, so the resume test above cannot see the
+    RNG states; a method that adds dropout or sampling would. They round-trip through the checkpoint.
+    And a checkpoint is resumed only by the config that wrote it (the run sets others aside first:
+    test_changed_settings_retrain_cleanly; this is the guard behind that)."""
+    import random
+
+    from melt_core.train import build_optimizer
+    from melt_core.trainer_state import Dist, latest_checkpoint, restore, save_checkpoint
+
+    cfg = TrainConfig.from_dict(cfg_for(setup, "rng"))
+    student = ck.load_pretrained(cfg.student)
+    optimizer = build_optimizer(student, cfg)
+    torch.manual_seed(123)
+    random.seed(5)
+    save_checkpoint(tmp_path / "ck", 3, student, optimizer, cfg, Dist())
+    want_torch, want_python = torch.rand(4), random.random()
+    torch.manual_seed(999)
+    random.seed(999)
+    assert restore(student, optimizer, cfg, Dist(), resume=tmp_path / "ck", handoff=None) == 3
+    assert torch.equal(torch.rand(4), want_torch) and random.random() == want_python
+    run = tmp_path / "run"
+    save_checkpoint(run / "checkpoints" / "step-0000003", 3, student, optimizer, cfg, Dist())
+    assert latest_checkpoint(run, cfg) == run / "checkpoints" / "step-0000003"
+    with pytest.raises(ConfigError, match="different training config"):
+        latest_checkpoint(run, TrainConfig.from_dict(cfg_for(setup, "rng", lr_model=2e-3)))
 
 
 def test_phase_by_phase_equals_one_run(setup, caplog):
@@ -269,6 +299,10 @@ def test_phase_by_phase_equals_one_run(setup, caplog):
     changed = [dict(p1, alpha_end=0.5), p2]
     with pytest.raises(ConfigError, match=r"init_from.*trained phases \['phase1'\] with other settings"):
         train(cfg_for(setup, "p2_stale", phases=changed, init_from=str(first)))
+    train(cfg_for(setup, "p1_midway", phases=[p1], checkpoint_every=2))
+    midway = setup[0] / "p1_midway" / "checkpoints" / "step-0000002"  # Phase 1 is 3 steps
+    with pytest.raises(ConfigError, match=r"init_from.*stopped at step 2, before the end of its phases"):
+        train(cfg_for(setup, "p2_early", phases=[p1, p2], init_from=str(midway)))
 
 
 def test_shared_teacher_logits_train_bitwise_the_same(setup, tmp_path):
