@@ -168,3 +168,36 @@ def test_memory_claims_are_judged_exactly(ouro_bytes, ouro_sweep, expected):
     kv = next(v for c, v in found.items() if c.startswith("MELT's KV cache is 1/T"))
     depth = next(v for c, v in found.items() if c.startswith("MELT's memory is constant in loop depth"))
     assert (kv, depth) == expected
+
+
+def test_results_average_the_seeds_read_from_gathers_files(tmp_path):
+    """The real Results on files in gather's and evaluate's formats: a table cell is the mean over
+    the training seeds (whatever order gather wrote them in), its interval is centred on it, and the
+    per-question scores behind it average to it."""
+    model = Results.run_model("elementwise", "full")
+    summary = tmp_path / "summary"
+    summary.mkdir()
+    correct = {2: [1, 1, 1, 1], 0: [1, 0, 0, 0], 1: [1, 1, 0, 0]}  # 100%, 25%, 50%: gather's order is not seed order
+    rows = []
+    for seed, right in correct.items():
+        model_id = f"{model}-seed{seed}"
+        (tmp_path / "eval" / model_id).mkdir(parents=True)
+        details = [{"gold": "1", "completions": ["1" if c else "0"], "correct": [bool(c)]} for c in right]
+        (tmp_path / "eval" / model_id / "digit_sum.json").write_text(json.dumps({"details": details}))
+        rows.append({"model": model, "seed": seed, "model_id": model_id, "task": "digit_sum", "metric": "pass@1",
+                     "value": 100 * sum(right) / len(right), "n_questions": 4, "generated_tokens": 4, "seconds": 1.0})
+    pd.DataFrame(rows).to_csv(summary / "evals.csv", index=False)
+    for name in ("memory", "speed", "train_throughput", "training_curves", "gate_values", "early_exit"):
+        (summary / f"{name}.csv").write_text("x\n")
+    (summary / "sweeps.json").write_text("{}")
+    config = {"outdir": str(tmp_path), "paper_version": "v2", "seeds": [0, 1, 2],
+              "main_run": {"gate": "elementwise", "recipe": "full"},
+              "report": {"columns": {"MATH-500": "digit_sum/pass@1"}, "note": "", "long_column": None}}
+    r = Results(config, str(Path(__file__).resolve().parents[1] / "workflow/resources/paper_values.yaml"))
+    assert r.score(model, "MATH-500") == pytest.approx(175 / 3)
+    assert r.per_seed(model, "MATH-500") == [25.0, 50.0, 100.0]
+    per_question = r.per_question(model, "MATH-500")
+    assert per_question.shape == (3, 4) and per_question.mean() == pytest.approx(175 / 3)
+    estimate = r.estimate(model, "MATH-500")
+    assert estimate.mean == pytest.approx(175 / 3) and estimate.lo < estimate.mean < estimate.hi
+    assert r.score(Results.run_model("scalar", "full"), "MATH-500") is None

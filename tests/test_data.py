@@ -18,6 +18,7 @@ from melt_core.data import (
     load_tokenizer,
     make_digit_sum_task,
     normalise,
+    prompt_ids,
     read_jsonl,
     render,
     render_all,
@@ -121,6 +122,18 @@ def test_chatml_thinking_template_masks_only_the_assistant(tok):
     assert learned == "<think>\n3<|im_end|>"
     plain_ids, plain_mask = render(rec, tok, "plain")
     assert tok.decode([i for i, m in zip(plain_ids, plain_mask) if m]) == "3<eos>"
+
+
+@pytest.mark.parametrize("template,answer", [("plain", "3<eos>"), ("chatml-thinking", "3<|im_end|>\n")])
+def test_the_eval_prompt_is_the_training_text_up_to_the_answer(tok, template, answer):
+    """What a model is asked at evaluation is what it saw in training before the answer began: the
+    prompt's ids are the rendered record's first ids and the rest is the answer and its end (Ouro's
+    thinking template opens <think> in the prompt)."""
+    rec = {"messages": [{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "3"}]}
+    ids, _ = render(rec, tok, template)
+    prompt = prompt_ids({"messages": rec["messages"][:1]}, tok, template)
+    assert ids[:len(prompt)] == prompt and tok.decode(ids[len(prompt):]) == answer
+    assert prompt_ids(rec, tok, template) == prompt  # the record's own answer is never in its prompt
 
 
 @pytest.fixture(scope="module")

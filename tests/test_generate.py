@@ -90,6 +90,7 @@ def test_stop_token_and_stop_string(ouro):
     out = generate(ouro, [PROMPTS[0]], SamplingParams(max_new_tokens=8, greedy=True, stop_strings=(s,)),
                    tokenizer=CharTok())[0][0]
     assert out.finish_reason == "stop" and out.text == text[:text.index(s)]
+    assert out.token_ids == free[:text.index(s)]  # the tokens of the text kept, none of the stop string's
 
 
 def test_bad_sampling_input(ouro):

@@ -51,6 +51,16 @@ def test_interval_and_combination():
         paired_interval([1.0], [1.0, 2.0])
 
 
+def test_the_interval_has_the_width_its_level_says():
+    """2,000 questions half solved: the mean's standard error is 50 / sqrt(2000) = 1.12 points, so a
+    95% interval is about +-2.19 points wide and a 90% one +-1.84 (normal theory; the bootstrap's
+    own noise is ~0.1)."""
+    scores = rate(0.5, n=2000)
+    for level, half in ((0.95, 1.96 * 50 / 2000 ** 0.5), (0.90, 1.645 * 50 / 2000 ** 0.5)):
+        mean, lo, hi = paired_interval(scores, [0.0] * 2000, level)
+        assert mean == 50.0 and (hi - lo) / 2 == pytest.approx(half, abs=0.15), (level, lo, hi)
+
+
 def test_interval_spans_seeds():
     """Three seeds that disagree (90%, 10%, 90%) make a wide interval that one seed's questions
     alone would hide: against a constant 50% the claim is inconclusive, not a win."""
