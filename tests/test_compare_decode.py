@@ -2,6 +2,8 @@
 One model under several names (exit rules, static twins) is prefilled once a round; each name must
 still decode its own cache, from the prefilled state, as if it had prefilled alone."""
 
+from types import SimpleNamespace
+
 import torch
 
 from melt_core import profiler
@@ -91,3 +93,28 @@ def test_the_shared_prefill_decodes_what_a_prefill_of_its_own_does():
         fresh = melt.new_cache(capacity=20)
         melt(ids, cache=fresh, chunk_size=4, logits="last")
         assert first.equal(greedy(fresh, token)) and first.equal(greedy(cache, token))
+
+
+def test_rates_are_rows_times_tokens_over_the_measured_seconds(monkeypatch):
+    """On a clock the test controls (prefill 0.5 s, a decode step 0.01 s whatever the batch), the
+    rows report batch x context / 0.5 prefill tokens/s and batch / 0.01 decode tokens/s."""
+    torch.manual_seed(0)
+    ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES["tiny"]), torch.float32)
+    real_prefill, real_step = profiler._prefill, profiler._decode_step
+    monkeypatch.setattr(profiler, "_prefill", lambda *a, **k: (*real_prefill(*a, **k)[:2], 0.5))
+    monkeypatch.setattr(profiler, "_decode_step", lambda *a, **k: (real_step(*a, **k)[0], 0.01))
+    (row,) = compare_decode({"ouro": ouro}, [3], [8], steps=4, rounds=2, prefill_chunk=4, warm_up=False)
+    assert row["ttft_s"] == 0.5 and row["prefill_tok_s"] == 3 * 8 / 0.5
+    assert row["decode_step_s"] == 0.01 and row["decode_tok_s"] == 3 / 0.01
+    assert row["decode_tok_s_rounds"] == [300.0, 300.0]
+
+
+def test_training_ratios_are_ouros_step_time_over_melts(monkeypatch):
+    """train_throughput on a clock the test controls: Ouro's parallel step takes 1 s, MELT's
+    chunk-wise one 4 s, so MELT trains at 0.25x Ouro's tokens/s in every round."""
+    reads = iter([0.0, 1.0, 1.0, 5.0] * 3)  # per round: Ouro's step from 0 to 1 s, then MELT's from 1 to 5 s
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: next(reads)))
+    cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["tiny"])
+    rows = {r["model"]: r for r in profiler.train_throughput(cfg, seq_len=8, batch=2, chunk_sizes=[4], steps=3)}
+    assert rows["ouro-parallel"]["tokens_per_s"] == 16.0 and rows["melt-C4"]["tokens_per_s"] == 4.0
+    assert rows["melt-C4"]["ratio_to_ouro"] == 0.25 and rows["melt-C4"]["ratio_rounds"] == [0.25] * 3
