@@ -1,7 +1,7 @@
 """Breaks tried on purpose: each entry changes one line of the code the way a plausible bug would
 and names the tests that must fail on it (the brief's rule: a check that cannot fail is a defect).
 
-    python tests/breaks.py            # every break, ~10 min on 2 cores
+    python tests/breaks.py            # every break, ~15 min on 2 cores
     python tests/breaks.py gate kd    # the breaks whose name contains one of these words
 
 Each break is applied in a scratch copy of the tree (the working tree is never touched), its tests
