@@ -276,6 +276,18 @@ def test_a_checkpoint_restores_the_random_streams_for_its_own_config_only(setup,
         latest_checkpoint(run, TrainConfig.from_dict(cfg_for(setup, "rng", lr_model=2e-3)))
 
 
+def test_a_resume_agrees_on_every_setting_but_paths_and_logging(setup):
+    """A checkpoint is resumed only under the settings that wrote it: every TrainConfig field is in
+    the resume key (a field added later joins it by itself) except those that change no number."""
+    from melt_core.trainer_state import _resume_key
+
+    cfg = TrainConfig.from_dict(cfg_for(setup, "key"))
+    untracked = {"out_dir", "progress", "mlflow", "log_every", "print_every", "run_name", "keep_checkpoints",
+                 "device", "teacher_cache"}
+    assert set(_resume_key(cfg)) == set(cfg.to_dict()) - untracked
+    assert {"seed", "phases", "student", "teacher", "data", "lr_model", "chunk_size"} <= set(_resume_key(cfg))
+
+
 def test_phase_by_phase_equals_one_run(setup, caplog):
     """Phase 2 as its own run, continuing from Phase 1's final checkpoint (weights, optimizer state,
     step, RNG), ends bitwise where one run over both phases ends (same process, same kernels).
