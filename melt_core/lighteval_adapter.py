@@ -61,6 +61,7 @@ from .inference import ModelSpec, load_model
 from .lighteval_tasks import builtin_task_configs, sample_correct, task_config, task_rows, tasks_module
 from .tracking import NullLogger, stamp
 
+CHAT_PROMPTS = PromptManager(use_chat_template=True)  # lighteval's own messages for a built-in task's doc
 
 def weights_digest(path: str | Path) -> str:
     """A short hash of a checkpoint's weights (size + mtime + first MB), cheap even at 3 GB."""
@@ -122,7 +123,7 @@ class MeltLightevalModel(LightevalModel):
         template; or the bare query."""
         if self.config.template is None:
             return doc.query
-        messages = (doc.specific or {}).get("messages") or PromptManager(use_chat_template=True).prepare_prompt_api(doc)
+        messages = (doc.specific or {}).get("messages") or CHAT_PROMPTS.prepare_prompt_api(doc)
         return prompt_text({"messages": messages}, self._tokenizer, self.config.template)
 
     def _sampling(self, doc: Doc, prompt_len: int) -> SamplingParams:

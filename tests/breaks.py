@@ -298,7 +298,7 @@ BREAKS = [
           "(resource.RLIMIT_AS, resource.RLIM_INFINITY)",
           (f"{SANDBOX}::test_one_process_is_capped_where_no_cgroup_can_be_made",)),
     Break("lighteval: the query alone as the message", "melt_core/lighteval_adapter.py",
-          "or PromptManager(use_chat_template=True).prepare_prompt_api(doc)",
+          "or CHAT_PROMPTS.prepare_prompt_api(doc)",
           'or [{"role": "user", "content": doc.query}]',
           ("tests/test_lighteval.py::test_prompts_hold_the_messages_lightevals_own_chat_route_builds",)),
     # checkpoints, conversion, resuming

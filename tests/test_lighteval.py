@@ -4,6 +4,7 @@ built-in task module is imported (one downloads at import), n > 1 samples, the p
 truncated, the prediction cache can't serve a retrained checkpoint, torch is seeded, and the
 result logging works with the pinned xxhash."""
 
+import json
 import sys
 
 import pytest
@@ -141,8 +142,6 @@ def test_sharded_questions_merge_into_the_unsharded_result(setup, route, n):
     assert sorted(sum(([r["q"] for r in rows if in_shard(r, [i, 4])] for i in range(4)), [])) == list(range(100))
     with pytest.raises(melt_core.data.DataError, match="expected shards"):
         merge_shards([root / f"s{i}-{name}.json" for i in range(2)], root / "bad.json")
-    import json
-
     for field, other in (("seed", 4), ("model", {**parts[1]["model"], "name": "another"})):  # all shards, one run
         (root / f"odd-{name}.json").write_text(json.dumps({**parts[1], field: other}))
         with pytest.raises(melt_core.data.DataError, match="shards of different models or settings"):
