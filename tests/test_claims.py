@@ -177,12 +177,13 @@ def test_results_average_the_seeds_read_from_gathers_files(tmp_path):
     model = Results.run_model("elementwise", "full")
     summary = tmp_path / "summary"
     summary.mkdir()
-    correct = {2: [1, 1, 1, 1], 0: [1, 0, 0, 0], 1: [1, 1, 0, 0]}  # 100%, 25%, 50%: gather's order is not seed order
+    correct = {2: [1, 1, 1, 1], 0: [1, 1, 0, 0], 1: [1, 0, 0, 0]}  # 100%, 50%, 25%: neither seed nor score order
     rows = []
     for seed, right in correct.items():
         model_id = f"{model}-seed{seed}"
         (tmp_path / "eval" / model_id).mkdir(parents=True)
-        details = [{"gold": "1", "completions": ["1" if c else "0"], "correct": [bool(c)]} for c in right]
+        details = [{"gold": "1", "completions": ["1" if c else "0"], "correct": [bool(c)], "scores": {"pass@1": c}}
+                   for c in right]
         (tmp_path / "eval" / model_id / "digit_sum.json").write_text(json.dumps({"details": details}))
         rows.append({"model": model, "seed": seed, "model_id": model_id, "task": "digit_sum", "metric": "pass@1",
                      "value": 100 * sum(right) / len(right), "n_questions": 4, "generated_tokens": 4, "seconds": 1.0})
@@ -195,7 +196,7 @@ def test_results_average_the_seeds_read_from_gathers_files(tmp_path):
               "report": {"columns": {"MATH-500": "digit_sum/pass@1"}, "note": "", "long_column": None}}
     r = Results(config, str(Path(__file__).resolve().parents[1] / "workflow/resources/paper_values.yaml"))
     assert r.score(model, "MATH-500") == pytest.approx(175 / 3)
-    assert r.per_seed(model, "MATH-500") == [25.0, 50.0, 100.0]
+    assert r.per_seed(model, "MATH-500") == [50.0, 25.0, 100.0]
     per_question = r.per_question(model, "MATH-500")
     assert per_question.shape == (3, 4) and per_question.mean() == pytest.approx(175 / 3)
     estimate = r.estimate(model, "MATH-500")

@@ -192,7 +192,7 @@ def test_early_exit_claim_can_hold_fail_and_abstain(melt_cheap, full, verdict):
 
 def long_answer_results(tmp_path, breaks: dict[str, list[int | None]]):
     """A Results over fabricated long-answer evals: ``breaks`` maps a model id to the character
-    where each seed's completions first go wrong (None: never), 10 questions of 40 characters."""
+    where each seed's completions first go wrong (None: never), 10 questions of 40 down to 31 characters."""
     from report_common import Results
 
     gold = "0123456789" * 4
@@ -200,9 +200,10 @@ def long_answer_results(tmp_path, breaks: dict[str, list[int | None]]):
     for model, per_seed in breaks.items():
         for seed, at in enumerate(per_seed):
             model_id = f"{model}-seed{seed}" if model.startswith("melt-") else model
-            wrong = gold if at is None else gold[:at] + "x" * (len(gold) - at)
-            details = [{"prompt": f"q{i}", "gold": gold, "completions": [wrong], "correct": [at is None]}
-                       for i in range(10)]
+            golds = [gold[:len(gold) - i] for i in range(10)]  # 40 down to 31 characters
+            answers = [g if at is None else g[:at] + "x" * (len(g) - at) for g in golds]
+            details = [{"prompt": f"q{i}", "gold": g, "completions": [a], "correct": [at is None],
+                        "scores": {"pass@1": float(at is None)}} for i, (g, a) in enumerate(zip(golds, answers))]
             (tmp_path / "eval" / model_id).mkdir(parents=True, exist_ok=True)
             (tmp_path / "eval" / model_id / "chain_sum.json").write_text(json.dumps({"details": details}))
             rows.append({"model": model, "seed": seed, "model_id": model_id, "task": "chain_sum",

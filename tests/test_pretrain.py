@@ -3,12 +3,15 @@ the evals report the first) are checked every `check_every` steps, training stop
 reaches `stop_at`, the teacher is the checked state that scored best, and a teacher below
 `min_exact_match` fails with nothing written."""
 
+import math
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import melt_core.pretrain as pt
-from melt_core.data import make_digit_sum_task, read_jsonl
+from melt_core.data import load_tokenizer, make_digit_sum_task, read_jsonl
+from melt_core.tracking import NullLogger
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +69,24 @@ def test_a_teacher_below_the_bar_fails_and_writes_nothing(task, tmp_path, monkey
     with pytest.raises(RuntimeError, match=r"chain/exact_match.*0\.8.*need >= 0\.9.*raise source\.pretrain\.steps"):
         pt.pretrain(config(task, tmp_path / "t", min_exact_match=0.9))
     assert not (tmp_path / "t").exists()
+
+
+def test_the_loss_averages_the_loops_and_the_learning_rate_warms_up_then_decays(task, tmp_path, monkeypatch):
+    """At initialisation (weights ~ N(0, 0.02^2)) every loop's logits are near zero, so each loop's
+    cross-entropy is ln(vocab) and so is their mean; the learning rate rises linearly over the
+    warm-up, then falls along a cosine to near zero at the last step."""
+    scripted(monkeypatch, [(1.0, 1.0)] * 4)
+    logged = {}
+
+    class Recorder(NullLogger):
+        def log_metrics(self, metrics, step=None):
+            if "pretrain/loss" in metrics:
+                logged[step] = metrics
+
+    cfg = config(task, tmp_path / "t")
+    pt.pretrain(cfg, logger=Recorder())
+    assert sorted(logged) == [0, 10, 20, 30, 39]
+    assert logged[0]["pretrain/loss"] == pytest.approx(math.log(len(load_tokenizer(cfg.tokenizer))), rel=0.02)
+    lrs = [logged[s]["pretrain/lr"] for s in sorted(logged)]
+    assert lrs[0] == pytest.approx(cfg.lr / cfg.warmup_steps)
+    assert all(a > b for a, b in zip(lrs[1:], lrs[2:])) and lrs[1] <= cfg.lr and lrs[-1] < 0.01 * cfg.lr

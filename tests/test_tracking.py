@@ -128,3 +128,18 @@ def test_datasets_are_logged_as_inputs_with_digests_and_training_samples_the_sys
     assert got[("bench", "evaluation")] == data_digest(folder)[:16]
     (folder / "a" / "test.jsonl").write_text("changed\n")
     assert data_digest(folder)[:16] != got[("bench", "evaluation")]  # the digest follows the content
+
+
+def test_a_folder_digest_follows_its_file_names_as_well_as_their_bytes(tmp_path):
+    """The teacher-logits cache is keyed by the teacher folder's digest: two files swapping their
+    bytes, or one renamed, is another folder."""
+    folder = tmp_path / "teacher"
+    folder.mkdir()
+    (folder / "a.json").write_text("1")
+    (folder / "b.json").write_text("2")
+    before = data_digest(folder)
+    (folder / "a.json").write_text("2")
+    (folder / "b.json").write_text("1")
+    swapped = data_digest(folder)
+    (folder / "b.json").rename(folder / "c.json")
+    assert len({before, swapped, data_digest(folder)}) == 3

@@ -61,7 +61,7 @@ with rule_context(sm, "early_exit") as log:
                              "mean_loops": res["mean_loops"], "loops": model.num_loops,
                              "generated_tokens": res["generated_tokens"], "seconds": res["seconds"],
                              "tokens_per_s": res["generated_tokens"] / res["seconds"],
-                             "per_question": [100 * sum(d["correct"]) / len(d["correct"]) for d in res["details"]]})
+                             "per_question": [100 * d["scores"][metric] for d in res["details"]]})
                 stamp(f"{spec.name} [{variant}] {rule.label()}: {metric} {rows[-1]['accuracy']:.1f}%, "
                       f"{res['mean_loops']:.2f} loops/token, {rows[-1]['tokens_per_s']:.1f} tok/s")
                 log.log_metrics({f"{variant}/{rule.label()}/accuracy": rows[-1]["accuracy"],

@@ -105,9 +105,7 @@ class Results:
         key = (model_id, task, metric)
         if key not in self._scores:
             details = self._details(model_id, task)
-            self._scores[key] = None if details is None else [
-                100.0 * d["scores"][metric] if metric in d.get("scores", {})
-                else 100.0 * sum(d["correct"]) / max(1, len(d["correct"])) for d in details]
+            self._scores[key] = None if details is None else [100.0 * d["scores"][metric] for d in details]
         return self._scores[key]
 
     def _details(self, model_id: str, task: str) -> list[dict] | None:
