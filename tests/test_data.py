@@ -22,6 +22,7 @@ from melt_core.data import (
     read_jsonl,
     render,
     render_all,
+    stop_token_ids,
 )
 
 
@@ -134,6 +135,20 @@ def test_the_eval_prompt_is_the_training_text_up_to_the_answer(tok, template, an
     prompt = prompt_ids({"messages": rec["messages"][:1]}, tok, template)
     assert ids[:len(prompt)] == prompt and tok.decode(ids[len(prompt):]) == answer
     assert prompt_ids(rec, tok, template) == prompt  # the record's own answer is never in its prompt
+
+
+def test_generation_stops_at_eos_and_at_a_chatml_end_of_turn(tok):
+    """A thinking-template answer ends with <|im_end|> (the tokenizer's EOS may be another token), so
+    both stop generation; a tokenizer without ChatML tokens stops at EOS alone."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    assert stop_token_ids(tok) == tuple(sorted({tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}))
+    assert len(set(stop_token_ids(tok))) == 2
+    plain = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1, "a": 2},
+                                                                                unk_token="<unk>")),
+                                    eos_token="<eos>", unk_token="<unk>")
+    assert stop_token_ids(plain) == (0,)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ answer scores 1 and one that never does scores 0, the same seed gives the same s
 bad task/model inputs fail with a clear error."""
 
 import math
+import types
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from melt_core.checkpoint import CheckpointError
 from melt_core.config import ConfigError
 from melt_core.data import DataError, load_tokenizer, read_jsonl
 from melt_core.evaluate import TaskSpec, evaluate
-from melt_core.inference import ModelSpec, load_model
+from melt_core.inference import ModelSpec, exit_rule, load_model, resolve_dtype
 from melt_core.metrics import extract_answer, pass_at_k
 
 
@@ -133,3 +134,18 @@ def test_window_variant_applies_to_melt_only(tmp_path):
     assert load_model(ModelSpec("m", str(student))).new_cache(16).window is None  # the checkpoint's own
     with pytest.raises(ConfigError, match="model 'ouro@window-4': a sliding window applies to MELT checkpoints"):
         load_model(ModelSpec("ouro@window-4", str(teacher), window=4))
+
+
+def test_exit_settings_layer_task_over_model_over_checkpoint():
+    """eval.exit (the model's) goes over the checkpoint's own exit, and a task's own `exit:` over both."""
+    checkpoint = types.SimpleNamespace(early_exit_threshold=0.8, early_exit_step=None)
+    spec = ModelSpec(name="m", path="p", exit={"q": 0.6, "min_loops": 2})
+    rule = exit_rule(spec, {"q": 0.9}, checkpoint)
+    assert (rule.q, rule.min_loops) == (0.9, 2)
+    assert exit_rule(spec, None, checkpoint).q == 0.6
+    assert exit_rule(ModelSpec(name="m", path="p"), None, checkpoint).q == 0.8
+
+
+def test_auto_precision_is_bfloat16_on_a_gpu_and_float32_on_the_cpu():
+    assert resolve_dtype("auto", "cpu") is torch.float32 and resolve_dtype(None, "cpu") is torch.float32
+    assert resolve_dtype("auto", "cuda") is torch.bfloat16 and resolve_dtype("bfloat16", "cpu") is torch.bfloat16
