@@ -43,6 +43,7 @@ JUDGED = f"{CODE}::test_humanevalplus_judges_values_the_benchmarks_way"
 LAST_BLOCK = f"{CODE}::test_the_answer_is_the_last_code_block_after_the_thinking"
 DIGESTS = f"{CODE}::test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong"
 REPORT = "tests/test_report.py"
+PROFILE = "tests/test_profiler_download.py"
 LENGTHS = "tests/test_figures.py::test_accuracy_vs_length_shows_where_each_model_loses_the_thread"
 TEACHER_LOSS = "tests/test_pretrain.py::test_the_loss_averages_the_loops_and_the_learning_rate_warms_up_then_decays"
 ACC_CLAIMS = f"{CLAIMS}::test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_the_opposite"
@@ -434,6 +435,18 @@ BREAKS = [
           "(cache_bytes_per_sequence(model, longest + params.max_new_tokens, cache_mode, keep_prompt)",
           "(cache_bytes_per_sequence(model, longest, cache_mode, keep_prompt)",
           ("tests/test_generate.py", "tests/test_cache_memory.py")),
+    # a seventh round (2026-12-03): the memory profile
+    Break("r7 profile: measured KV is the formula", "melt_core/profiler.py",
+          "kv_measured, kv_analytic, kv_measured / kv_tokens / 1e6",
+          "kv_measured, kv_analytic, kv_analytic / kv_tokens / 1e6",
+          (f"{PROFILE}::test_the_measured_kv_figure_is_what_the_cache_holds",)),
+    Break("r7 profile: cache filled for one loop", "melt_core/profiler.py",
+          "        for t in range(cfg.total_ut_steps):\n",
+          "        for t in range(1):\n", ("tests/test_cache_memory.py", PROFILE)),
+    Break("r7 profile: total at the measured tokens", "melt_core/profiler.py",
+          "total = (w_analytic + cfg.kv_bytes(context, nbytes)) / GB",
+          "total = (w_analytic + cfg.kv_bytes(kv_tokens, nbytes)) / GB",
+          (f"{PROFILE}::test_tied_weights_count_once_and_the_total_grows_with_the_context",)),
 ]
 
 

@@ -29,6 +29,27 @@ def test_profile_memory_real_shape_small_depth():
         assert m.weights_bytes_analytic + (m.max_batch + 1) * kv_context > 80e9
 
 
+def test_tied_weights_count_once_and_the_total_grows_with_the_context():
+    """Qwen3-1.7B ties its head to its embedding: one tensor, counted once in bytes held as in
+    parameters; the planned total is the weights plus the KV of the context asked for."""
+    q = profile_memory("qwen3-1.7b-shape", torch.bfloat16, kv_tokens=2, context=1024, num_hidden_layers=1)
+    assert q.weights_bytes_measured == q.weights_bytes_analytic == 2 * q.parameters
+    longer = profile_memory("qwen3-1.7b-shape", torch.bfloat16, kv_tokens=2, context=4096, num_hidden_layers=1)
+    assert (longer.total_gb_analytic - q.total_gb_analytic) * 1e9 == pytest.approx(3072 * q.kv_bytes_analytic / 2)
+
+
+def test_the_measured_kv_figure_is_what_the_cache_holds(monkeypatch):
+    """The table's "KV MB/token (measured)" comes from the bytes the filled cache holds, not from the
+    formula it is checked against (a cache holding a row too many shows)."""
+    import melt_core.profiler as profiler
+
+    fill = profiler.fill_cache
+    monkeypatch.setattr(profiler, "fill_cache", lambda *a, **k: fill(*a, **k) + 4096)
+    r = profile_memory("melt-1.6b", torch.bfloat16, kv_tokens=4, context=1024, num_hidden_layers=1)
+    assert r.kv_bytes_measured == r.kv_bytes_analytic + 4096
+    assert r.kv_mb_per_token_measured == pytest.approx((r.kv_bytes_analytic + 4096) / 4 / 1e6)
+
+
 def test_profile_bad_requests():
     with pytest.raises(ConfigError, match="beyond max_position_embeddings=65536"):
         profile_memory("ouro-1.4b", context=70000, num_hidden_layers=1)
