@@ -3,7 +3,6 @@ answer scores 1 and one that never does scores 0, the same seed gives the same s
 bad task/model inputs fail with a clear error."""
 
 import math
-import types
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from train_helpers import tiny_setup
 
 import melt_core
 from melt_core.checkpoint import CheckpointError
-from melt_core.config import ConfigError
+from melt_core.config import ConfigError, ModelConfig
 from melt_core.data import DataError, load_tokenizer, read_jsonl
 from melt_core.evaluate import TaskSpec, evaluate
 from melt_core.inference import ModelSpec, exit_rule, load_model, resolve_dtype
@@ -138,7 +137,7 @@ def test_window_variant_applies_to_melt_only(tmp_path):
 
 def test_exit_settings_layer_task_over_model_over_checkpoint():
     """eval.exit (the model's) goes over the checkpoint's own exit, and a task's own `exit:` over both."""
-    checkpoint = types.SimpleNamespace(early_exit_threshold=0.8, early_exit_step=None)
+    checkpoint = ModelConfig(early_exit_threshold=0.8)
     spec = ModelSpec(name="m", path="p", exit={"q": 0.6, "min_loops": 2})
     rule = exit_rule(spec, {"q": 0.9}, checkpoint)
     assert (rule.q, rule.min_loops) == (0.9, 2)

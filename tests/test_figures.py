@@ -196,11 +196,11 @@ def long_answer_results(tmp_path, breaks: dict[str, list[int | None]]):
     from report_common import Results
 
     gold = "0123456789" * 4
+    golds = [gold[:len(gold) - i] for i in range(10)]  # 40 down to 31 characters
     rows = []
     for model, per_seed in breaks.items():
         for seed, at in enumerate(per_seed):
             model_id = f"{model}-seed{seed}" if model.startswith("melt-") else model
-            golds = [gold[:len(gold) - i] for i in range(10)]  # 40 down to 31 characters
             answers = [g if at is None else g[:at] + "x" * (len(g) - at) for g in golds]
             details = [{"prompt": f"q{i}", "gold": g, "completions": [a], "correct": [at is None],
                         "scores": {"pass@1": float(at is None)}} for i, (g, a) in enumerate(zip(golds, answers))]

@@ -137,6 +137,7 @@ def report(rules, tmp_path_factory):
         (root / path).write_bytes((INPUTS / Path(path).parent.name / Path(path).name).read_bytes())
     jobs = [{"rule": "gather", "wildcards": {}, **gather}]
     jobs += [{"rule": "table", "wildcards": {"table": t}, **rules["table"]} for t in TABLES]
+    # this tree's melt_core, not the installed one (tests/breaks.py runs the suite in a scratch copy)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     r = subprocess.run([sys.executable, "-c", _RUN], cwd=root, input=json.dumps(jobs), capture_output=True,
                        text=True, timeout=600, env=env)
