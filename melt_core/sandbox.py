@@ -57,6 +57,14 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (not the program in it): never a score."""
 
 
+class _NamespaceBusy(SandboxError):
+    """bwrap's clone() got EAGAIN: a namespace or process count is momentarily at its limit (the
+    kernel still reaping the last sandbox's processes, say). Starting again shortly succeeds."""
+
+
+START_WAITS_S = (0.5, 1.0, 2.0, 4.0)  # the pauses before each new start after EAGAIN
+
+
 @dataclass(frozen=True)
 class Limits:
     timeout_s: float = 20.0  # wall clock
@@ -225,6 +233,16 @@ class Sandboxed:
                 "bubblewrap`, done by envs/setup.sh as root), or set the task's `unsafe_no_sandbox: true` to run "
                 "it unisolated at your own risk")
         self.limits, self.isolated = limits, bwrap is not None
+        for wait in (*START_WAITS_S, None):
+            try:
+                return self._start(files, args, bwrap, merge_output)
+            except _NamespaceBusy:
+                if wait is None:
+                    raise
+                time.sleep(wait)
+
+    def _start(self, files: dict[str, str], args: list[str], bwrap: str | None, merge_output: bool) -> None:
+        limits = self.limits
         self.deadline = time.monotonic() + limits.timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="melt-sandbox-")
         program_dir = Path(self._tmp.name)
@@ -270,7 +288,8 @@ class Sandboxed:
                 self.proc.wait(timeout=5) if ready else None
                 self._reader.join(timeout=2)
                 message = self._sink.get("tail", b"").decode(errors="replace").strip()
-                raise SandboxError(f"bubblewrap could not start the sandbox (exit {self.proc.returncode}): "
+                error = _NamespaceBusy if "Resource temporarily unavailable" in message else SandboxError
+                raise error(f"bubblewrap could not start the sandbox (exit {self.proc.returncode}): "
                                    f"{message or 'no message'}. Typical causes: unprivileged user namespaces "
                                    "are disabled (sysctl kernel.unprivileged_userns_clone=1, or "
                                    "user.max_user_namespaces > 0), or an AppArmor/seccomp policy forbids them")
