@@ -347,6 +347,7 @@ def loop_and_window_sweeps(shape: str = "melt-1.6b", loops=(1, 2, 4, 8), windows
 
 
 # -------------------------------------------------------------------- training throughput
+@torch.enable_grad()  # whatever the caller's grad mode (importing lighteval turns it off process-wide)
 def train_throughput(shape_cfg: ModelConfig, seq_len: int, batch: int, chunk_sizes: list[int],
                      steps: int = 3, dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[dict]:
     """Tokens/s of one training step (forward + KD + backward) of chunk-wise MELT at each C against
