@@ -81,12 +81,14 @@ class DenseLM(torch.nn.Module):
             raise CheckpointError(f"{path}: transformers does not implement this architecture without remote "
                                   f"code, which melt_core never runs ({err})") from None
         verify_checksums(path)
-        hf, info = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
-                                                        dtype=dtype or "auto", output_loading_info=True)
         # transformers fills missing weights with random ones and drops unexpected ones, with a
-        # warning at most: a checkpoint that does not match its declared architecture is refused
-        tied = {"lm_head.weight"} if getattr(hf.config, "tie_word_embeddings", False) else set()
-        missing = sorted(set(info.get("missing_keys", [])) - tied)
+        # warning at most, and raises on misshapen ones without naming a fix: all three are
+        # collected (a tied head is not reported missing) and a checkpoint that does not match its
+        # declared architecture is refused here, naming the keys
+        hf, info = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=False, use_safetensors=True,
+                                                        dtype=dtype or "auto", output_loading_info=True,
+                                                        ignore_mismatched_sizes=True)
+        missing = sorted(info.get("missing_keys", []))
         unexpected = sorted(info.get("unexpected_keys", []))
         mismatched = sorted(str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys", []))
         if missing or unexpected or mismatched:

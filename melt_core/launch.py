@@ -52,9 +52,8 @@ def build_executor(backend: str, launcher: dict[str, Any], folder: Path) -> subm
         raise ConfigError(f"launcher: unknown field(s) {unknown}; known: {sorted({**SUBMITIT_KEYS, **EXECUTOR_KEYS})}")
     ctor = {EXECUTOR_KEYS[k]: launcher[k] for k in EXECUTOR_KEYS if launcher.get(k) is not None and backend == "slurm"}
     executor = submitit.AutoExecutor(folder=folder, cluster="local" if backend == "local" else "slurm", **ctor)
+    # the local executor takes the cluster-independent fields and AutoExecutor drops the slurm_ ones
     params = {SUBMITIT_KEYS[k]: v for k, v in launcher.items() if k in SUBMITIT_KEYS and v is not None}
-    if backend == "local":  # the local executor knows only these
-        params = {k: v for k, v in params.items() if k in ("tasks_per_node", "gpus_per_node", "timeout_min")}
     executor.update_parameters(name=launcher.get("name", "melt-train"), **params)
     return executor
 

@@ -224,3 +224,24 @@ def test_a_dense_checkpoint_that_does_not_match_its_architecture_is_refused(fixt
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"weights do not match .*\(llama\): missing .*unexpected"):
         DenseLM.from_pretrained(d)
+
+
+def test_a_dense_checkpoint_with_a_misshapen_weight_is_refused_and_a_tied_head_is_not_missing(tmp_path):
+    """A Qwen3 checkpoint with a tied head (no lm_head.weight stored) loads; the same checkpoint with
+    one weight of the wrong shape is refused with our error, naming the weight (transformers alone
+    raises without saying which checkpoint or how to fix it)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from melt_core.dense import DenseLM
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "q", safe_serialization=True)
+    assert "lm_head.weight" not in load_file(str(tmp_path / "q" / "model.safetensors"))
+    DenseLM.from_pretrained(tmp_path / "q")
+    state = load_file(str(tmp_path / "q" / "model.safetensors"))
+    state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(70, 32)
+    save_file(state, str(tmp_path / "q" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"\(qwen3\): missing \[\], unexpected \[\], misshapen "
+                                              r"\['model.layers.0.mlp.up_proj.weight'\]"):
+        DenseLM.from_pretrained(tmp_path / "q")

@@ -4,10 +4,12 @@ and a dense transformers baseline sampled by the same generation code as Ouro an
 
 import json
 import string
+from types import SimpleNamespace
 
 import pytest
 import torch
 from lighteval.models.model_output import ModelResponse
+from numerics import assert_same_function
 from train_helpers import tiny_setup
 
 import melt_core
@@ -175,6 +177,33 @@ def test_dense_model_decodes_like_transformers(wide):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=None,
                           pad_token_id=0)[0, len(prompt):].tolist()
         assert completion.token_ids == ref
+
+
+def test_dense_cached_steps_of_a_left_padded_batch_are_each_rows_own_forward(wide):
+    """Prefill of a left-padded batch, then cached one-token steps: every row's logits at every step
+    are what transformers computes for that row alone and uncached, within float32 rounding (the
+    greedy tokens alone can agree while the mask is wrong)."""
+    _, _, qwen, _ = wide
+    dense = DenseLM.from_pretrained(qwen)
+    c = dense.config
+    depth = SimpleNamespace(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                            num_hidden_layers=c.num_hidden_layers, total_ut_steps=1)
+    seqs = [[1, 40, 41, 42, 43], [1, 50, 51]]
+    ids = torch.tensor([seqs[0], [0, 0, *seqs[1]]])
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = dense.new_cache()
+    with torch.no_grad():
+        logits = dense(ids, cache=cache, positions=positions, attention_mask=mask).logits[:, -1]
+        positions = positions[:, -1:]
+        for _ in range(4):
+            for row, seq in enumerate(seqs):
+                assert_same_function(logits[row], dense.hf(torch.tensor([seq])).logits[0, -1], depth)
+            token = logits.argmax(-1, keepdim=True)
+            for row, seq in enumerate(seqs):
+                seq.append(int(token[row]))
+            positions = positions + 1
+            logits = dense(token, cache=cache, positions=positions).logits[:, -1]
 
 
 def test_dense_baseline_through_the_same_evaluation(wide, tmp_path):

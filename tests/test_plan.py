@@ -38,6 +38,17 @@ def test_paper_plan_arithmetic_and_flags():
     assert "| ouro aime24 |" in text and "GPU-hours" in text
 
 
+def test_more_nodes_train_in_fewer_hours_at_the_same_gpu_hours():
+    """Two nodes of 8 GPUs: 16 GPUs a training job, half the wall-clock, the same GPU-hours and limit."""
+    cfg = unsharded_paper()
+    cfg["eval"]["tasks"] = {}
+    (one,), _ = plan(cfg, {}, [("elementwise", "phase1", 500)])
+    cfg["launcher"]["nodes"] = 2
+    (two,), _ = plan(cfg, {}, [("elementwise", "phase1", 500)])
+    assert (one.gpus, two.gpus) == (8, 16) and two.hours == pytest.approx(one.hours / 2)
+    assert two.gpu_hours == pytest.approx(one.gpu_hours) and two.limit_gpu_hours == pytest.approx(one.limit_gpu_hours)
+
+
 def test_a_sequence_that_cannot_fit_is_flagged():
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
     cfg["eval"]["tasks"] = {"aime24": {"lighteval": "aime/aime24", "max_new_tokens": 200_000}}
