@@ -200,7 +200,9 @@ port = free_port()
 mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
 server = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                            "--backend-store-uri", f"sqlite:///{OUT / 'mlflow.db'}"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          # the server's job runner (four huey consumers) does nothing for a browse
+                          env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
 base = f"http://127.0.0.1:{port}"
 try:
     deadline = time.time() + 120

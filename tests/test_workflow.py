@@ -83,7 +83,8 @@ def test_stage_logs_to_a_real_mlflow_server(tmp_path):
     server = subprocess.Popen([mlflow, "server", "--host", "127.0.0.1", "--port", str(port),
                                "--backend-store-uri", f"sqlite:///{tmp_path}/mlflow.db",
                                "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no job workers
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
