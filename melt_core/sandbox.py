@@ -290,9 +290,9 @@ class Sandboxed:
                 message = self._sink.get("tail", b"").decode(errors="replace").strip()
                 error = _NamespaceBusy if "Resource temporarily unavailable" in message else SandboxError
                 raise error(f"bubblewrap could not start the sandbox (exit {self.proc.returncode}): "
-                                   f"{message or 'no message'}. Typical causes: unprivileged user namespaces "
-                                   "are disabled (sysctl kernel.unprivileged_userns_clone=1, or "
-                                   "user.max_user_namespaces > 0), or an AppArmor/seccomp policy forbids them")
+                            f"{message or 'no message'}. Typical causes: unprivileged user namespaces "
+                            "are disabled (sysctl kernel.unprivileged_userns_clone=1, or "
+                            "user.max_user_namespaces > 0), or an AppArmor/seccomp policy forbids them")
             data += chunk
 
     def allow(self, seconds: float) -> None:

@@ -273,37 +273,40 @@ print(seen)
     assert "TOPSECRET" not in out and "MELT_TEST_SECRET" not in out and "PYTEST" not in out, out
 
 
-def test_a_bwrap_that_cannot_start_raises_and_is_never_scored(monkeypatch):
+@pytest.fixture()
+def open_folder():
+    """A folder in the system's temp folder that nobody (whom the sandbox runs as under root) may
+    read: pytest's tmp_path is 0700. Removed afterwards."""
+    folder = __import__("pathlib").Path(tempfile.mkdtemp(prefix="melt-test-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_bwrap_that_cannot_start_raises_and_is_never_scored(monkeypatch, open_folder):
     """As on clusters that block user namespaces: the task fails when built, and a scoring call
     raises instead of reading bwrap's failure as the program's."""
-    folder = tempfile.mkdtemp()  # readable by nobody, whom the sandbox runs as under root
-    os.chmod(folder, 0o755)
-    fake = __import__("pathlib").Path(folder) / "bwrap"
+    fake = open_folder / "bwrap"
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setattr(sandbox, "BWRAP_PATHS", (str(fake),))
-    try:
-        with pytest.raises(sandbox.SandboxError, match="could not start the sandbox.*No permissions.*namespace"):
-            sandbox.self_test()
-        with pytest.raises(sandbox.SandboxError, match="could not start"):
-            score(RIGHT)
-        with pytest.raises(sandbox.SandboxError, match="could not start"):
-            score(RIGHT, IO_ROW)
-    finally:
-        shutil.rmtree(folder)
+    with pytest.raises(sandbox.SandboxError, match="could not start the sandbox.*No permissions.*namespace"):
+        sandbox.self_test()
+    with pytest.raises(sandbox.SandboxError, match="could not start"):
+        score(RIGHT)
+    with pytest.raises(sandbox.SandboxError, match="could not start"):
+        score(RIGHT, IO_ROW)
 
 
 @pytest.mark.parametrize("busy_starts", [2, len(sandbox.START_WAITS_S) + 1])
-def test_a_start_refused_for_a_moment_is_tried_again(monkeypatch, busy_starts):
+def test_a_start_refused_for_a_moment_is_tried_again(monkeypatch, busy_starts, open_folder):
     """bwrap's clone() may get EAGAIN while the kernel still reaps the last sandbox's processes:
     such a start is tried again after a pause, a few times, and then fails as any other."""
     real = sandbox.bwrap_path()  # the sandbox asks bwrap for its --help once: not a start
-    folder = tempfile.mkdtemp()
-    os.chmod(folder, 0o755)
-    tries = __import__("pathlib").Path(folder) / "tries"
-    tries.mkdir(mode=0o777)
+    tries = open_folder / "tries"
+    tries.mkdir()
     tries.chmod(0o777)  # the sandbox starts bwrap as nobody under root
-    fake = tries.parent / "bwrap"
+    fake = open_folder / "bwrap"
     fake.write_text(f"""#!/bin/sh
 case $1 in --help) exec {real} --help;; esac
 n=$(ls {tries} | wc -l)
@@ -317,15 +320,12 @@ exec {real} "$@"
     fake.chmod(0o755)
     monkeypatch.setattr(sandbox, "BWRAP_PATHS", (str(fake),))
     monkeypatch.setattr(sandbox, "START_WAITS_S", (0.01,) * len(sandbox.START_WAITS_S))
-    try:
-        if busy_starts <= len(sandbox.START_WAITS_S):
-            assert sandbox.run_untrusted("print(6 * 7)").output.strip() == b"42"
-        else:
-            with pytest.raises(sandbox.SandboxError, match="could not start.*Resource temporarily unavailable"):
-                sandbox.run_untrusted("print(6 * 7)")
-        assert len(list(tries.iterdir())) == min(busy_starts + 1, len(sandbox.START_WAITS_S) + 1)
-    finally:
-        shutil.rmtree(folder)
+    if busy_starts <= len(sandbox.START_WAITS_S):
+        assert sandbox.run_untrusted("print(6 * 7)").output.strip() == b"42"
+    else:
+        with pytest.raises(sandbox.SandboxError, match="could not start.*Resource temporarily unavailable"):
+            sandbox.run_untrusted("print(6 * 7)")
+    assert len(list(tries.iterdir())) == min(busy_starts + 1, len(sandbox.START_WAITS_S) + 1)
 
 
 def test_self_test_passes_on_a_working_sandbox():
@@ -336,7 +336,7 @@ def settled(probe, seconds: float = 5.0):
     """``probe()`` once it reports nothing (every item empty), or as it is after ``seconds``: the
     kernel reaps a killed namespace's processes asynchronously, slower on a busy machine."""
     deadline = time.monotonic() + seconds
-    while (found := probe()) and any(found) and time.monotonic() < deadline:
+    while any(found := probe()) and time.monotonic() < deadline:
         time.sleep(0.1)
     return found
 
@@ -354,21 +354,16 @@ def _host_state() -> tuple[set, set]:
                   "            open(f'{d}/fill{i}', 'wb').write(b'x' * (1 << 24))\n            i += 1\n"
                   "    except OSError:\n        pass"),
 ])
-def test_bombs_fail_and_leave_the_host_as_it_was(name, bomb, monkeypatch):
+def test_bombs_fail_and_leave_the_host_as_it_was(name, bomb, monkeypatch, open_folder):
     """Nothing new is left: no sandbox folder (in a temp folder of this test's own) and no process
     of a sandbox (one still dying from an earlier test may end meanwhile); a bomb left running
     outlives the seconds allowed for the kernel to reap the namespace."""
     monkeypatch.setattr(code_tasks, "TIMEOUT_S", 5.0)
-    own = tempfile.mkdtemp(prefix="melt-test-")  # in the system's temp folder: pytest's tmp_path is 0700
-    os.chmod(own, 0o755)
-    monkeypatch.setattr(tempfile, "tempdir", own)
-    try:
-        before = _host_state()
-        assert score(wrong_then(bomb)) == 0.0, name
-        assert score(wrong_then(bomb), IO_ROW) == 0.0, name
-        left = settled(lambda: [now - was for now, was in zip(_host_state(), before)])
-    finally:
-        shutil.rmtree(own, ignore_errors=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(open_folder))
+    before = _host_state()
+    assert score(wrong_then(bomb)) == 0.0, name
+    assert score(wrong_then(bomb), IO_ROW) == 0.0, name
+    left = settled(lambda: [now - was for now, was in zip(_host_state(), before)])
     assert left == [set(), set()]  # no sandbox folder, no process of ours left behind
 
 
