@@ -42,6 +42,7 @@ def pytest_runtest_makereport(item, call):
     _fail_skips_under_ci(outcome.get_result())
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the test ids it schedules by
 def pytest_collection_modifyitems(config, items):
     """The groups first: a worker starts each long serial group while the other takes the rest."""
     for item in items:
@@ -83,3 +84,13 @@ def _deterministic():
     the same worker)."""
     torch.manual_seed(0)
     torch.set_grad_enabled(True)
+
+
+@pytest.fixture(autouse=True)
+def _in_its_group(request):
+    """A file of SHARED_WORKER really runs in one worker: xdist schedules by test id, which carries
+    the group (``...@sandbox``) only if the mark was there before xdist read it."""
+    group = SHARED_WORKER.get(request.node.path.name)
+    if group and os.environ.get("PYTEST_XDIST_WORKER") and request.config.getvalue("loadgroup"):
+        assert request.node.nodeid.endswith(f"@{group}"), (
+            f"{request.node.nodeid} is not in xdist group {group!r}: it may run beside another worker's tests")

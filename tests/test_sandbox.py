@@ -364,7 +364,14 @@ def test_bombs_fail_and_leave_the_host_as_it_was(name, bomb, monkeypatch, open_f
     assert score(wrong_then(bomb)) == 0.0, name
     assert score(wrong_then(bomb), IO_ROW) == 0.0, name
     left = settled(lambda: [now - was for now, was in zip(_host_state(), before)])
-    assert left == [set(), set()]  # no sandbox folder, no process of ours left behind
+    assert left == [set(), set()], _described(left[1])  # no sandbox folder, no process of ours left behind
+
+
+def _described(pids: set) -> str:
+    if not pids:
+        return ""
+    return subprocess.run(["ps", "-o", "pid,ppid,stat,wchan:20,etimes,args", "-p", ",".join(pids)],
+                          capture_output=True, text=True).stdout
 
 
 def test_writable_space_inside_is_bounded():
