@@ -8,7 +8,7 @@ each OpenMP wait policy (config cpu_numerics.wait_policy; docs/REPRODUCIBILITY.m
 Each (job, policy) is timed alone and beside `python -c "while True: pass"`, alternately, in fresh
 processes; the table gives seconds per step and the slowdown. A second table prices the pinned
 kernels (cpu_numerics.kernels): the teacher's step on one thread with ATen's AVX512, AVX2 and
-unvectorised kernels (MKL's path as pinned, AVX2). Writes results/benchmarks/outside_load.md.
+unvectorised kernels (MKL's path as pinned: AVX2, strict). Writes results/benchmarks/outside_load.md.
 
     python benchmarks/outside_load.py            # ~3 minutes on 2 cores
 """
@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+from cpu_numerics import KERNELS  # noqa: E402
+
+MKL_PINNED = {k: v for k, v in KERNELS["avx2"].items() if k.startswith("MKL")}  # MKL's path as the jobs run it
 
 TEACHER = """
 import os, sys, time, torch
@@ -61,7 +65,7 @@ print(16 * 208 / next(r for r in rows if r["model"] == "melt-C16")["tokens_per_s
 
 def seconds_per_step(code: str, steps: int, policy: str, busy: bool, kernels: str = "avx2", threads: int = 2) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": policy.upper(), "ATEN_CPU_CAPABILITY": kernels,
-           "MKL_CBWR": "AVX2", "TEACHER_THREADS": str(threads)}
+           **MKL_PINNED, "TEACHER_THREADS": str(threads)}
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
     try:
         out = subprocess.run([sys.executable, "-c", code, str(steps)], env=env, capture_output=True, text=True,

@@ -68,7 +68,9 @@ def test_pinned_env_and_errors(monkeypatch):
         m.setattr("platform.machine", lambda: "aarch64")
         assert pinned_env({"pinned": True}) == {}
     env = pinned_env(None)  # the defaults: AVX2 kernels, sleeping OpenMP threads
-    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "AVX2" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["MKL_CBWR"] == "AVX2,STRICT"  # MKL's products the same bits at any thread count
+    assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"  # over an environment that capped MKL lower (machine B)
     assert pinned_env({"kernels": "default"})["MKL_CBWR"] == "COMPATIBLE"
     with pytest.raises(ValueError, match="cpu_numerics.kernels"):
         pinned_env({"kernels": "avx512"})
