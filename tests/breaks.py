@@ -30,6 +30,7 @@ class Break:
     old: str  # occurs exactly once in the file
     new: str
     tests: tuple[str, ...]  # pytest node ids or files that must fail
+    workers: int = 0  # pytest-xdist workers (0: one process); a break of how the suite is scheduled needs 2
 
 
 EQ = "tests/test_melt_equivalences.py"
@@ -505,6 +506,17 @@ BREAKS = [
           "error = SandboxError", (f"{SANDBOX}::test_a_start_refused_for_a_moment_is_tried_again",)),
     Break("r8 sandbox: its folder left behind", "melt_core/sandbox.py", "        self._tmp.cleanup()\n",
           "        self._tmp._finalizer.detach()\n", (f"{SANDBOX}::test_bombs_fail_and_leave_the_host_as_it_was",)),
+    # round 9: a second CPU model (an Intel Xeon) and a test runner that stopped grouping
+    Break("r9 pins: MKL not in strict mode", "workflow/scripts/cpu_numerics.py", '"MKL_CBWR": "AVX2,STRICT"',
+          '"MKL_CBWR": "AVX2"', ("tests/test_cpu_numerics.py",)),
+    Break("r9 pins: MKL's instructions left to the environment", "workflow/scripts/cpu_numerics.py",
+          '"MKL_ENABLE_INSTRUCTIONS": "AVX2",', "", ("tests/test_cpu_numerics.py",)),
+    Break("r9 suite: the sandbox files not grouped in one worker", "tests/conftest.py",
+          "            item.add_marker(pytest.mark.xdist_group(SHARED_WORKER[item.path.name]))",
+          "            pass", (f"{SANDBOX}::test_self_test_passes_on_a_working_sandbox",), workers=2),
+    Break("r9 suite: groups marked after xdist read the marks", "tests/conftest.py",
+          "@pytest.hookimpl(tryfirst=True)  # before xdist", "@pytest.hookimpl(trylast=True)  # before xdist",
+          (f"{SANDBOX}::test_self_test_passes_on_a_working_sandbox",), workers=2),
 ]
 
 
@@ -515,8 +527,8 @@ def run(brk: Break, scratch: Path) -> tuple[bool, str, float]:
     target.write_text(source.replace(brk.old, brk.new, 1))
     t0 = time.perf_counter()
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider",
-                            *brk.tests],
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", str(brk.workers), "-p",
+                            "no:cacheprovider", *brk.tests],
                            cwd=scratch, capture_output=True, text=True, timeout=1200)
     finally:
         target.write_text(source)
