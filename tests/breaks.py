@@ -40,6 +40,8 @@ LOSSES = "tests/test_losses.py"
 CLAIMS = "tests/test_claims.py"
 CODE = "tests/test_code_scoring.py"
 SANDBOX = "tests/test_sandbox.py"
+SELF_TEST = f"{SANDBOX}::test_self_test_passes_on_a_working_sandbox"
+REFIT = "tests/test_early_exit.py::test_exit_gate_refit_forward_in_groups_equals_step_by_step"
 JUDGED = f"{CODE}::test_humanevalplus_judges_values_the_benchmarks_way"
 LAST_BLOCK = f"{CODE}::test_the_answer_is_the_last_code_block_after_the_thinking"
 DIGESTS = f"{CODE}::test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong"
@@ -512,17 +514,15 @@ BREAKS = [
     Break("r9 pins: MKL's instructions left to the environment", "workflow/scripts/cpu_numerics.py",
           '"MKL_ENABLE_INSTRUCTIONS": "AVX2",', "", ("tests/test_cpu_numerics.py",)),
     Break("r9 exit gate refit: every step of a group fitted on the group's first batch", "melt_core/early_exit.py",
-          "rows = slice(start, start + ids.shape[0])", "rows = slice(0, ids.shape[0])",
-          ("tests/test_early_exit.py::test_exit_gate_refit_forward_in_groups_equals_step_by_step",)),
+          "rows = slice(start, start + ids.shape[0])", "rows = slice(0, ids.shape[0])", (REFIT,)),
     Break("r9 exit gate refit: gradients never cleared", "melt_core/early_exit.py",
-          "                opt.zero_grad(set_to_none=True)\n", "",
-          ("tests/test_early_exit.py::test_exit_gate_refit_forward_in_groups_equals_step_by_step",)),
+          "                opt.zero_grad(set_to_none=True)\n", "", (REFIT,)),
     Break("r9 suite: the sandbox files not grouped in one worker", "tests/conftest.py",
           "            item.add_marker(pytest.mark.xdist_group(SHARED_WORKER[item.path.name]))",
-          "            pass", (f"{SANDBOX}::test_self_test_passes_on_a_working_sandbox",), workers=2),
+          "            pass", (SELF_TEST,), workers=2),
     Break("r9 suite: groups marked after xdist read the marks", "tests/conftest.py",
           "@pytest.hookimpl(tryfirst=True)  # before xdist", "@pytest.hookimpl(trylast=True)  # before xdist",
-          (f"{SANDBOX}::test_self_test_passes_on_a_working_sandbox",), workers=2),
+          (SELF_TEST,), workers=2),
 ]
 
 
