@@ -174,6 +174,17 @@ def test_the_default_applies_only_without_configfiles(tmp_path):
     assert "task_data" not in r.stdout  # the embedded task's data rule is not in the paper plan
 
 
+def test_the_three_seed_overlay_is_the_default_with_a_third_seed(tmp_path):
+    """config/three_seeds.yaml changes the seed list and nothing else: seeds 0 and 1 keep their
+    outputs (and their bits) when a user adds seed 2 after the default's run."""
+    (tmp_path / "three").mkdir(), (tmp_path / "default").mkdir()
+    three = _resolve(tmp_path / "three", "config/three_seeds.yaml")
+    default = _resolve(tmp_path / "default", "config/default.yaml")
+    assert three["seeds"] == [0, 1, 2] and default["seeds"] == [0, 1]
+    three.pop("seeds"), default.pop("seeds")
+    three.pop("outdir"), default.pop("outdir")  # each test's own
+    assert three == default
+
 def _planned_jobs(r):
     """(rule, wildcards) of every job in a dry run's plan."""
     jobs, rule = [], None
