@@ -16,7 +16,7 @@ Unless --no-control, it also trains the teacher alone under A and B with the pin
 (cpu_numerics.pinned: false): where the two first differ, how the difference grows, and which
 checkpoint each one's early stop keeps, the trail behind the pins.
 
-    python benchmarks/cross_machine.py                 # the embedded default, its three seeds
+    python benchmarks/cross_machine.py                 # the embedded default, its seeds (two)
     python benchmarks/cross_machine.py --seeds 0       # one training seed (about half the time)
 """
 
