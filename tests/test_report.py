@@ -189,9 +189,9 @@ def test_gathered_scores_are_the_eval_files_in_percent(report):
 
 
 def test_training_curves_hold_every_phase_of_every_run(report):
-    out, _, curves, _ = report
+    out, settings, curves, _ = report
     got = pd.read_csv(out / "summary" / "training_curves.csv")
-    assert len(curves) == 27  # 9 runs x 3 seeds
+    assert len(settings["seeds"]) > 1 and len(curves) == 9 * len(settings["seeds"])  # 9 runs a seed
     for (run, seed), lines in curves.items():
         rows = got[(got.run == run) & (got.seed == seed)]
         assert rows.step.tolist() == [x["step"] for x in lines] and rows.phase.tolist() == [x["phase"] for x in lines]
