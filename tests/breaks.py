@@ -523,6 +523,14 @@ BREAKS = [
     Break("r9 suite: groups marked after xdist read the marks", "tests/conftest.py",
           "@pytest.hookimpl(tryfirst=True)  # before xdist", "@pytest.hookimpl(trylast=True)  # before xdist",
           (SELF_TEST,), workers=2),
+    # round 10: the embedded default on two seeds, the third an overlay
+    Break("r10 config: the three-seed overlay changes a training setting too", "config/three_seeds.yaml",
+          "seeds: [0, 1, 2]\n", "seeds: [0, 1, 2]\ntrain: {lr_model: 0.002}\n",
+          ("tests/test_workflow.py::test_the_three_seed_overlay_is_the_default_with_a_third_seed",)),
+    Break("r10 report: every training curve filed under seed 0", "workflow/scripts/gather.py",
+          'curves.append({"run": where["run"], "seed": where["seed"], **json.loads(line)})',
+          'curves.append({"run": where["run"], "seed": 0, **json.loads(line)})',
+          (f"{REPORT}::test_training_curves_hold_every_phase_of_every_run",)),
 ]
 
 
