@@ -28,6 +28,7 @@ this module is the loop.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import sys
@@ -47,13 +48,17 @@ from .teacher_cache import TeacherCache, teacher_forward
 from .tracking import NullLogger, make_logger, stamp
 from .train_config import TrainConfig
 from .trainer_state import (
+    DIVERGED,
+    STATE,
     Dist,
     all_reduce_sum,
     init_distributed,
     latest_checkpoint,
+    mark_diverged,
     phase_handoff,
     prune_checkpoints,
     restore,
+    retuned_after_divergence,
     save_checkpoint,
     set_aside_superseded,
 )
@@ -131,36 +136,48 @@ def train(cfg: TrainConfig | dict, logger=None, step_delay: float | None = None)
     # bf16 autocast on any device (CPU too, so the cluster's code path can be rehearsed without a GPU)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16)
     grad_scale = d.world if (cfg.sharding == "fsdp" and d.world > 1) else 1  # FSDP averages; we want sums
-    for step in range(start, cfg.total_steps):
-        phase, in_phase = cfg.phase_at(step)
-        row = _step(student, teacher, optimizer, data, step, cfg, d, device, micro,
-                    lambda m0, step=step: shared_teacher and shared_teacher.file(step, m0), autocast, grad_scale)
-        if d.main:
-            progress.step(row, optimizer.param_groups[0]["lr"], phase_end=in_phase == phase.steps - 1)
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.total_steps:
-                with metrics_path.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-                # the step is MLflow's x-axis, not a metric; each parameter group's learning rate is
-                # logged beside the losses
-                lrs = {f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups}
-                logger.log_metrics({**{k: v for k, v in row.items() if k not in ("phase", "step")}, **lrs},
-                                   step=step + 1)
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps:
-            saved = save_checkpoint(out_dir / "checkpoints" / f"step-{step + 1:07d}", step + 1, student, optimizer,
-                                     cfg, d)
+    bad_steps = 0
+    try:
+        for step in range(start, cfg.total_steps):
+            phase, in_phase = cfg.phase_at(step)
+            row = _step(student, teacher, optimizer, data, step, cfg, d, device, micro,
+                        lambda m0, step=step: shared_teacher and shared_teacher.file(step, m0), autocast, grad_scale)
+            finite = row.pop("finite")
             if d.main:
-                prune_checkpoints(out_dir, cfg.keep_checkpoints)
-                stamp(f"{cfg.run_name} checkpoint saved: {saved}")
-        if step_delay:
-            time.sleep(step_delay)
-        if d.world > 1:
-            dist.barrier()
+                progress.step(row, optimizer.param_groups[0]["lr"], phase_end=in_phase == phase.steps - 1)
+                if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.total_steps or not finite:
+                    with metrics_path.open("a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+                    # the step is MLflow's x-axis, not a metric; each parameter group's learning rate
+                    # is logged beside the losses
+                    lrs = {f"lr_{g['name']}": g["lr"] for g in optimizer.param_groups}
+                    logger.log_metrics({**{k: v for k, v in row.items() if k not in ("phase", "step")}, **lrs},
+                                       step=step + 1)
+            if not finite:
+                bad_steps += 1
+                _nonfinite(row, cfg, d, out_dir, optimizer, bad_steps)
+            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.total_steps:
+                saved = save_checkpoint(out_dir / "checkpoints" / f"step-{step + 1:07d}", step + 1, student,
+                                         optimizer, cfg, d)
+                if d.main:
+                    prune_checkpoints(out_dir, cfg.keep_checkpoints)
+                    stamp(f"{cfg.run_name} checkpoint saved: {saved}")
+            if step_delay:
+                time.sleep(step_delay)
+            if d.world > 1:
+                dist.barrier()
+    except BaseException:
+        if d.main:  # the MLflow run says it failed; the exception goes on to the rule
+            progress.close()
+            logger.close("FAILED")
+        raise
     # the final checkpoint keeps the trainer state too, so a later phase can continue from it
     progress.close()
     final = save_checkpoint(out_dir / "final", cfg.total_steps, student, optimizer, cfg, d,
-                             extra={"trained_steps": cfg.total_steps})
+                             extra={"trained_steps": cfg.total_steps, **retuned_after_divergence(out_dir)})
     if d.main:
         stamp(f"{cfg.run_name} finished: {final}")
+        (out_dir / DIVERGED).unlink(missing_ok=True)  # recorded in final's config.json, if there was one
         logger.log_artifact(out_dir / "train_config.json")
         logger.log_artifact(metrics_path)
         logger.set_tags({"final_checkpoint": str(final.resolve())})
@@ -168,6 +185,34 @@ def train(cfg: TrainConfig | dict, logger=None, step_delay: float | None = None)
     if d.world > 1:
         dist.barrier()
     return final
+
+
+class TrainingDiverged(RuntimeError):
+    """A step's loss or gradient norm was not finite (more often than ``skip_nonfinite_steps`` allows)."""
+
+
+def _nonfinite(row: dict, cfg: TrainConfig, d: Dist, out_dir: Path, optimizer, bad_steps: int) -> None:
+    """A step that was not finite (its optimizer step not taken): skipped while the config allows,
+    else the run stops here with one error naming the phase, step, value and learning rate; its
+    checkpoints stay and ``final`` is never written."""
+    what = ", ".join(f"{k} {row[k]}" for k in ("loss", "grad_norm") if not math.isfinite(row[k]))
+    lrs = ", ".join(f"lr_{g['name']} {g['lr']:g}" for g in optimizer.param_groups)
+    where = f"{cfg.run_name}: phase {row['phase']}, step {row['step']}/{cfg.total_steps}: {what} ({lrs})"
+    if bad_steps <= cfg.skip_nonfinite_steps:
+        if d.main:
+            stamp(f"WARNING {where}: step skipped, {bad_steps} of the {cfg.skip_nonfinite_steps} "
+                  "skip_nonfinite_steps allows")
+        return
+    kept = [p for p in (out_dir / "checkpoints").glob("step-*") if (p / STATE).is_file()]
+    last = max(kept, key=lambda p: int(p.name.split("-")[1]), default=None)
+    if d.main:
+        mark_diverged(out_dir, cfg, {"step": row["step"], "phase": row["phase"], "what": what,
+                                     "checkpoint": str(last) if last else None})
+    resume = (f"the last finite checkpoint, {last}, is kept; rerun with a lower learning rate (train.lr_model / "
+              "train.lr_gate in the config) and training resumes from it" if last else
+              "no checkpoint was saved before it; rerun with a lower learning rate to start the phase over")
+    raise TrainingDiverged(f"training diverged: {where}. `final` was not written; {resume} (or allow a few "
+                           "bad steps with train.skip_nonfinite_steps)")
 
 
 def _training_data(cfg: TrainConfig) -> PackedData:
@@ -225,11 +270,16 @@ def _step(student, teacher, optimizer, data: PackedData, step: int, cfg: TrainCo
     grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip or float("inf"))
     if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over the ranks
         grad_norm = grad_norm.full_tensor()
-    optimizer.step()
     totals = all_reduce_sum(totals, d)
+    # the loss is summed over the ranks and the norm is of the gradients every rank holds after the
+    # reduction (DDP) or of the gathered shards (FSDP): every rank sees the same values and agrees
+    finite = math.isfinite(totals[0].item()) and math.isfinite(float(grad_norm))
+    if finite:  # a non-finite step leaves the weights and the optimizer state as they were
+        optimizer.step()
     tok_s = cfg.batch_size * data.seq_len / (time.perf_counter() - t0)
     return {"step": step + 1, "loss": totals[0].item(), "kd": totals[1].item(), "align": totals[2].item(),
-            "alpha": alpha, "phase": phase.name, "grad_norm": float(grad_norm), "tokens_per_s": tok_s}
+            "alpha": alpha, "phase": phase.name, "grad_norm": float(grad_norm), "tokens_per_s": tok_s,
+            "finite": finite}
 
 
 class StepLog:

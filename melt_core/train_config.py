@@ -53,6 +53,11 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     warmup_steps: int = 0
     grad_clip: float | None = 1.0
+    # A step whose loss or gradient norm is not finite stops the run (melt_core.train.TrainingDiverged);
+    # up to this many such steps are skipped first (no optimizer step taken; off by default, as in
+    # large-scale trainers' NaN checks). The checkpoints before it stay; resuming with a lower
+    # learning rate continues from the last one (melt_core.trainer_state.DIVERGED).
+    skip_nonfinite_steps: int = 0
     kd_loops: str = "all"  # all | final
     kd_temperature: float = 1.0
     detach_past: bool = False  # True: no gradient into earlier chunks' rows (truncated BPTT)
@@ -153,6 +158,8 @@ class TrainConfig:
              f"must be a number >= 0, got {self.weight_decay!r}")
         need(self.grad_clip is None or (number(self.grad_clip) and self.grad_clip > 0), "grad_clip",
              f"must be a number > 0 or null (no clipping), got {self.grad_clip!r}")
+        need(integer(self.skip_nonfinite_steps) and self.skip_nonfinite_steps >= 0, "skip_nonfinite_steps",
+             f"must be an integer >= 0 (0: stop at the first non-finite step), got {self.skip_nonfinite_steps!r}")
         need(integer(self.warmup_steps) and self.warmup_steps >= 0, "warmup_steps",
              f"must be an integer >= 0, got {self.warmup_steps!r}")
         need(len(self.betas) == 2 and all(number(b) and 0 <= b < 1 for b in self.betas), "betas",

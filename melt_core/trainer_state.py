@@ -135,15 +135,53 @@ def _resume_key(cfg: TrainConfig) -> dict:
     return d
 
 
+# What a diverged run leaves beside its checkpoints (melt_core.train.TrainingDiverged): the step,
+# the value and the settings it diverged with. A rerun whose config differs from the checkpoint's
+# only in these settings (a lower learning rate, say) resumes from the last checkpoint instead of
+# setting it aside; any other change starts over as usual.
+DIVERGED = "diverged.json"
+RETUNABLE = ("lr_model", "lr_gate", "warmup_steps", "grad_clip", "skip_nonfinite_steps")
+
+
+def mark_diverged(out_dir: Path, cfg: TrainConfig, report: dict) -> None:
+    """Rank 0: record the divergence (and the settings it happened with) for the rerun."""
+    settings = {k: getattr(cfg, k) for k in RETUNABLE}
+    (out_dir / DIVERGED).write_text(json.dumps({**report, "settings": settings}, indent=2, default=str))
+
+
+def retuned_after_divergence(out_dir: Path) -> dict:
+    """For the final checkpoint's config.json: the divergence this run resumed after, if any."""
+    marker = out_dir / DIVERGED
+    return {"resumed_after_divergence": json.loads(marker.read_text())} if marker.is_file() else {}
+
+
+def _written_by(ckpt: Path, cfg: TrainConfig, out_dir: Path) -> str | None:
+    """Whether ``ckpt`` may be resumed by ``cfg``: 'same' (the config that wrote it), 'retuned' (the
+    config of a run that diverged, with only its RETUNABLE settings changed since), or None."""
+    saved = json.loads((ckpt / "config.json").read_text()).get("train_config_hash")
+    key = _resume_key(cfg)
+    if saved == config_hash(key):
+        return "same"
+    marker = out_dir / DIVERGED
+    if marker.is_file() and saved == config_hash({**key, **json.loads(marker.read_text())["settings"]}):
+        return "retuned"
+    return None
+
+
 def latest_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:
     complete = [p for p in _checkpoints(out_dir) if (p / STATE).is_file()]
     if not complete:
         return None
     last = complete[-1]
-    saved = json.loads((last / "config.json").read_text()).get("train_config_hash")
-    if saved != config_hash(_resume_key(cfg)):
+    how = _written_by(last, cfg, out_dir)
+    if how is None:
         raise ConfigError(f"{last}: this checkpoint was written by a different training config; "
                           f"use another out_dir or delete {out_dir / 'checkpoints'} to start over")
+    if how == "retuned":
+        old = json.loads((out_dir / DIVERGED).read_text())
+        changed = {k: (old["settings"][k], getattr(cfg, k)) for k in RETUNABLE if old["settings"][k] != getattr(cfg, k)}
+        stamp(f"{cfg.run_name}: diverged at step {old.get('step')} ({old.get('what')}); resuming from {last.name} "
+              f"with {', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items())}")
     return last
 
 
@@ -151,17 +189,18 @@ def set_aside_superseded(out_dir: Path, cfg: TrainConfig, d: Dist) -> None:
     """A run whose settings changed retrains cleanly: the checkpoints and metrics another config
     wrote here move to ``superseded/<their config hash>/`` (kept, never mixed with the new run's)."""
     complete = [p for p in _checkpoints(out_dir) if (p / STATE).is_file()]
-    saved = json.loads((complete[-1] / "config.json").read_text()).get("train_config_hash") if complete else None
-    if saved is not None and saved != config_hash(_resume_key(cfg)) and d.main:
+    if complete and _written_by(complete[-1], cfg, out_dir) is None and d.main:
+        saved = json.loads((complete[-1] / "config.json").read_text()).get("train_config_hash")
         dest = out_dir / "superseded" / f"{saved}-{time.strftime('%Y%m%d-%H%M%S')}"
         dest.mkdir(parents=True)
-        for name in ("checkpoints", "metrics.jsonl", "train_config.json"):
+        for name in ("checkpoints", "metrics.jsonl", "train_config.json", DIVERGED):
             if (out_dir / name).exists():
                 os.replace(out_dir / name, dest / name)
         stamp(f"{cfg.run_name}: the settings changed since the last run here; its checkpoints and metrics "
               f"were moved to {dest}, training starts over")
     if d.world > 1:
         dist.barrier()
+
 
 def restore(student, optimizer, cfg: TrainConfig, d: Dist, resume: Path | None, handoff: Path | None) -> int:
     """Load the trainer state of ``resume`` (this run's own checkpoint) or ``handoff`` (the previous
