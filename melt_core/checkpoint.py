@@ -127,21 +127,52 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_state_dict(state: dict[str, torch.Tensor], cfg: ModelConfig, source: str) -> None:
+def read_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape from the safetensors headers alone: no tensor is read or allocated."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in _weight_files(Path(path)):
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for key in fh.keys():
+                    shapes[key] = tuple(fh.get_slice(key).get_shape())
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise CheckpointError(f"{f}: cannot read safetensors ({err}); the file may be "
+                                  "truncated — download or convert it again") from None
+    return shapes
+
+
+def check_shapes(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, source: str) -> None:
+    """The config's every dimension against the weights' shapes. The layer count first, from the
+    keys, so that an absurd one (10^9 layers) is refused before a key list of that length is built."""
+    layers = {k.split(".")[2] for k in shapes if k.startswith("model.layers.")}
+    in_file = max((int(i) for i in layers if i.isdigit()), default=-1) + 1
+    if in_file != cfg.num_hidden_layers:
+        raise CheckpointError(f"{source}: config.json says num_hidden_layers={cfg.num_hidden_layers} but the "
+                              f"weights hold {in_file} layer(s); the config does not belong to these weights")
     expected = expected_shapes(cfg)
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(expected) - set(shapes))
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(f"{source}: missing key(s) {missing[:3]}{more} that a "
                               f"{cfg.model_type} model with this config.json needs")
-    unexpected = sorted(set(state) - set(expected))
+    unexpected = sorted(set(shapes) - set(expected))
     if unexpected:
         raise CheckpointError(f"{source}: unexpected key(s) {unexpected[:3]} for a {cfg.model_type} "
                               f"model with gate={cfg.gate!r} and {cfg.num_hidden_layers} layers")
     for key, shape in expected.items():
-        if tuple(state[key].shape) != shape:
-            raise CheckpointError(f"{source}: {key} has shape {tuple(state[key].shape)} but the "
+        if tuple(shapes[key]) != shape:
+            raise CheckpointError(f"{source}: {key} has shape {tuple(shapes[key])} but the "
                                   f"config implies {shape}")
+
+
+def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
+    """Every floating-point weight finite: a NaN or inf one would load and compute garbage."""
+    for key, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(f"{source}: weight {key} holds {bad} non-finite value(s) (NaN or inf) of "
+                                  f"{t.numel()}; the run that wrote it diverged, or the file was damaged — "
+                                  "load an earlier checkpoint or retrain")
 
 
 def sha256_file(path: Path, block: int = 1 << 20) -> str:
@@ -160,13 +191,21 @@ def write_checksums(path: str | Path) -> dict[str, str]:
     return sums
 
 
-def verify_checksums(path: str | Path) -> None:
-    """Every file ``checksums.json`` lists must hash as recorded (a checkpoint without one passes:
-    the hub's own layout has none; our writes and downloads always add it)."""
+def verify_checksums(path: str | Path, required: bool = True) -> None:
+    """Every file ``checksums.json`` lists must hash as recorded. Every checkpoint the pipeline
+    loads has one: it writes one with each checkpoint, and the download rule writes one into its
+    copy of a hub snapshot after checking the snapshot against the pinned sha256 manifest. So a
+    missing one means a partial copy or a hand edit, and is refused unless ``required`` is false
+    (a raw hub snapshot opened on purpose, outside the pipeline)."""
     path = Path(path)
     if (path / CHECKSUMS).is_file():
         check_digests(path, json.loads((path / CHECKSUMS).read_text()), CHECKSUMS,
                       "the file changed or is corrupt since it was written; rerun the rule that made it")
+    elif required:
+        raise CheckpointError(f"{path / CHECKSUMS}: missing. Every checkpoint the pipeline writes or downloads has "
+                              "one, so this directory is a partial copy or was edited by hand; copy it again, or "
+                              "rerun the rule that made it. If you changed its files on purpose, record them: "
+                              f"python -m melt_core.checkpoint write-checksums {path}")
 
 
 def check_digests(path: Path, expected: dict[str, str], manifest: str, fix: str) -> None:
@@ -181,14 +220,17 @@ def check_digests(path: Path, expected: dict[str, str], manifest: str, fix: str)
 
 
 def load_pretrained(path: str | Path, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu") -> LoopedLM:
-    """The Ouro or MELT model stored in a checkpoint directory (by its ``model_type``), its files
-    verified against the checkpoint's sha256 manifest."""
+                    device: str | torch.device = "cpu", require_checksums: bool = True) -> LoopedLM:
+    """The Ouro or MELT model stored in a checkpoint directory (by its ``model_type``): its config's
+    dimensions checked against the weight files' headers before anything is allocated, its files
+    against the checkpoint's sha256 manifest (``require_checksums``: see verify_checksums), and its
+    weights for NaN and inf."""
     path = Path(path)
     cfg = read_config(path)
-    verify_checksums(path)
+    check_shapes(read_shapes(path), cfg, str(path))
+    verify_checksums(path, required=require_checksums)
     state = read_state_dict(path)
-    check_state_dict(state, cfg, str(path))
+    check_finite(state, str(path))
     if dtype is None:
         dtype = state["model.embed_tokens.weight"].dtype
     with torch.device("meta"):
@@ -301,3 +343,25 @@ def side_file_copier(src: str | Path):
             if (Path(src) / name).is_file():
                 shutil.copy2(Path(src) / name, tmp / name)
     return copy
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m melt_core.checkpoint",
+                                 description="Checkpoint maintenance. write-checksums: record the sha256 of "
+                                             "every file of a checkpoint directory whose files you changed on "
+                                             "purpose (every load verifies them).")
+    ap.add_argument("command", choices=["write-checksums"])
+    ap.add_argument("dirs", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    for d in args.dirs:
+        cfg = read_config(d)
+        check_shapes(read_shapes(d), cfg, str(d))  # only a loadable checkpoint gets a manifest
+        check_finite(read_state_dict(d), str(d))
+        sums = write_checksums(d)
+        print(f"{d / CHECKSUMS}: {len(sums)} file(s) recorded")
+
+
+if __name__ == "__main__":
+    main()

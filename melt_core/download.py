@@ -15,8 +15,10 @@ from .checkpoint import (
     CheckpointError,
     _atomic_dir,
     check_digests,
-    check_state_dict,
+    check_finite,
+    check_shapes,
     read_config,
+    read_shapes,
     read_state_dict,
     sha256_file,
     write_checksums,
@@ -38,11 +40,14 @@ def verify(path: str | Path, expected: dict[str, str] | None) -> None:
     path = Path(path)
     check_digests(path, expected or {}, "the config's sha256 manifest",
                   "the download is corrupt or the revision changed; delete it and fetch again")
-    state = read_state_dict(path)  # every tensor readable
     model_type = json.loads((path / "config.json").read_text()).get("model_type") \
         if (path / "config.json").is_file() else None
-    if model_type in ("ouro", "melt", None):  # ours: names and shapes against the config too
-        check_state_dict(state, read_config(path), str(path))
+    ours = model_type in ("ouro", "melt", None)
+    if ours:  # names and shapes against the config too, from the headers before any tensor is read
+        check_shapes(read_shapes(path), read_config(path), str(path))
+    state = read_state_dict(path)  # every tensor readable
+    if ours:
+        check_finite(state, str(path))
 
 
 def fetch(dest: str | Path, repo_id: str | None = None, revision: str | None = None,

@@ -14,11 +14,14 @@ from safetensors.torch import load_file, save_file
 
 import melt_core
 from melt_core import CheckpointError, ConfigError, ModelConfig
+from melt_core.checkpoint import write_checksums
+from melt_core.download import fetch
 
 
 def copy_fixture(fixture_dir, dst):
     shutil.copytree(fixture_dir, dst)
     (dst / "reference_outputs.safetensors").unlink()
+    write_checksums(dst)  # the copy as the pipeline would hold it
     return dst
 
 
@@ -203,6 +206,64 @@ def test_a_flipped_bit_in_a_saved_checkpoint_is_refused(ouro, tmp_path):
         melt_core.load_pretrained(path)
 
 
+def test_a_checkpoint_with_non_finite_weights_is_refused_by_name(fixture_dir, tmp_path):
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    state = load_file(str(d / "model.safetensors"))
+    state["model.layers.2.mlp.down_proj.weight"][3, 5] = float("nan")
+    state["model.layers.2.mlp.down_proj.weight"][0, 0] = float("inf")
+    save_file(state, str(d / "model.safetensors"))
+    write_checksums(d)  # the manifest agrees: only the values are wrong
+    with pytest.raises(CheckpointError, match=r"weight model\.layers\.2\.mlp\.down_proj\.weight holds 2 non-finite"):
+        melt_core.load_pretrained(d)
+    with pytest.raises(CheckpointError, match="non-finite"):  # nor does the download rule take such weights
+        fetch(tmp_path / "fetched", local_dir=d)
+    assert not (tmp_path / "fetched").exists()
+
+
+ABSURD = """
+import sys, time
+from melt_core import CheckpointError, load_pretrained
+t0 = time.perf_counter()
+try:
+    load_pretrained(sys.argv[1])
+except CheckpointError as err:
+    print(f"{time.perf_counter() - t0:.3f}", err)
+"""
+
+
+def test_an_absurd_layer_count_is_refused_from_the_header_before_allocating(fixture_dir, tmp_path):
+    """10^9 layers: refused from the weight file's header, before a key list or a model of that size
+    is built (it ran on past 30 s). In a child capped at 4 GB of address space and 120 s, so a broken
+    check fails here instead of filling the machine; the 2-second bound only guards against that."""
+    import resource
+    import subprocess
+    import sys
+
+    d = copy_fixture(fixture_dir, tmp_path / "ck")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1_000_000_000}))
+    cap = 4 << 30
+    out = subprocess.run([sys.executable, "-c", ABSURD, str(d)], capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+    assert out.returncode == 0 and "num_hidden_layers=1000000000 but the weights hold 3 layer" in out.stdout, \
+        (out.stdout, out.stderr[-1000:])
+    assert float(out.stdout.split()[0]) < 2.0, out.stdout
+
+
+def test_a_checkpoint_without_its_manifest_is_refused_until_rewritten_on_purpose(ouro, tmp_path, capsys):
+    path = melt_core.save_pretrained(ouro, tmp_path / "ck")
+    (path / "checksums.json").unlink()
+    with pytest.raises(CheckpointError, match=r"checksums\.json: missing.*python -m melt_core\.checkpoint "
+                                              r"write-checksums"):
+        melt_core.load_pretrained(path)
+    melt_core.load_pretrained(path, require_checksums=False)  # a raw hub snapshot, opened on purpose
+    from melt_core.checkpoint import main
+
+    main(["write-checksums", str(path)])  # the command the error names
+    assert "checksums.json: 2 file(s) recorded" in capsys.readouterr().out  # config.json, model.safetensors
+    melt_core.load_pretrained(path)
+
+
 def test_checkpoints_follow_the_umask(ouro, tmp_path):
     old = os.umask(0o022)
     try:
@@ -222,6 +283,7 @@ def test_a_dense_checkpoint_that_does_not_match_its_architecture_is_refused(fixt
     cfg = json.loads((d / "config.json").read_text())
     cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
     (d / "config.json").write_text(json.dumps(cfg))
+    write_checksums(d)  # relabelled on purpose: the manifest agrees, the weights do not
     with pytest.raises(CheckpointError, match=r"weights do not match .*\(llama\): missing .*unexpected"):
         DenseLM.from_pretrained(d)
 
@@ -238,10 +300,12 @@ def test_a_dense_checkpoint_with_a_misshapen_weight_is_refused_and_a_tied_head_i
                       num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
     Qwen3ForCausalLM(cfg).save_pretrained(tmp_path / "q", safe_serialization=True)
     assert "lm_head.weight" not in load_file(str(tmp_path / "q" / "model.safetensors"))
+    write_checksums(tmp_path / "q")  # as the download rule leaves a hub snapshot
     DenseLM.from_pretrained(tmp_path / "q")
     state = load_file(str(tmp_path / "q" / "model.safetensors"))
     state["model.layers.0.mlp.up_proj.weight"] = torch.zeros(70, 32)
     save_file(state, str(tmp_path / "q" / "model.safetensors"), metadata={"format": "pt"})
+    write_checksums(tmp_path / "q")
     with pytest.raises(CheckpointError, match=r"\(qwen3\): missing \[\], unexpected \[\], misshapen "
                                               r"\['model.layers.0.mlp.up_proj.weight'\]"):
         DenseLM.from_pretrained(tmp_path / "q")

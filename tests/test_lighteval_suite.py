@@ -13,6 +13,7 @@ from numerics import assert_same_function
 from train_helpers import tiny_setup
 
 import melt_core
+from melt_core.checkpoint import write_checksums
 from melt_core.config import ConfigError
 from melt_core.data import DataError, build_char_tokenizer
 from melt_core.dense import DenseLM
@@ -49,6 +50,7 @@ def wide(tmp_path_factory):
                        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
     Qwen3ForCausalLM(qcfg).save_pretrained(root / "qwen3", safe_serialization=True)
     tok.save_pretrained(root / "qwen3")
+    write_checksums(root / "qwen3")  # as the download rule leaves a hub snapshot
     aime = write_jsonl(root / "aime", "train", AIME_ROWS)
     return root, ouro, root / "qwen3", aime
 
