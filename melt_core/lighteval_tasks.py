@@ -296,11 +296,22 @@ def answer_text(answer) -> str:
     raise DataError(f"an answer of type {type(answer).__name__} ({answer!r}) cannot be scored as text")
 
 
+ID_FIELDS = ("Record ID", "id", "ID", "unique_id", "question_id")
+QUESTION_FIELDS = ("Question", "question", "problem", "prompt", "query")
+
+
 def row_seed(line: dict) -> int:
-    """A seed that is a function of the question alone (its id where the dataset has one)."""
-    ident = next((line[k] for k in ("Record ID", "id", "ID", "unique_id", "question_id") if k in line), None)
-    basis = str(ident) if ident is not None else json.dumps(line, sort_keys=True, default=str)
-    return int.from_bytes(hashlib.sha256(basis.encode()).digest()[:8], "big")
+    """A seed that is a function of the question alone: its id where the row has one, else its
+    question text (never the whole row, whose other fields and their rendering can differ between
+    the unsharded task and a shard); a row with neither is refused."""
+    basis = next((line[k] for k in ID_FIELDS if line.get(k) is not None), None)
+    if basis is None:
+        basis = next((line[k] for k in QUESTION_FIELDS if isinstance(line.get(k), str) and line[k].strip()), None)
+    if basis is None:
+        raise DataError(f"a benchmark row has no id ({', '.join(ID_FIELDS)}) and no question text "
+                        f"({', '.join(QUESTION_FIELDS)}) to seed its option order from; its fields: "
+                        f"{sorted(line)[:12]}. Add an id column to the data, or name the task's question field")
+    return int.from_bytes(hashlib.sha256(str(basis).encode()).digest()[:8], "big")
 
 
 class PurePrompt:

@@ -129,6 +129,23 @@ def test_gpqa_option_order_is_a_function_of_the_question_alone():
     assert drawn == {0, 1, 2, 3}  # the position is drawn per question, not fixed
 
 
+def test_gpqa_rows_without_an_id_read_the_same_whatever_else_the_row_holds():
+    """A row without `Record ID` is seeded by its question: the same option order whatever other
+    fields the loading added or rendered differently (a shard's rows did: 2 of 4 moved when the
+    whole row was hashed); a row with neither id nor question is refused by name."""
+    config = task("gpqa")[0]
+    bare = [{k: v for k, v in r.items() if k != "Record ID"} for r in rows("gpqa")]
+    first = [(d.query, d.gold_index) for r in bare for d in [config.prompt_function(r, config.name)]]
+    for extra in ({"__index_level_0__": 7}, {"Explanation": "rendered otherwise"}, {"Canary String": None}):
+        again = [(d.query, d.gold_index) for r in bare for d in [config.prompt_function({**r, **extra}, config.name)]]
+        assert again == first, extra
+    drawn = {config.prompt_function({**bare[0], "Question": f"Which particle, case {i}?"}, config.name).gold_index
+             for i in range(20)}
+    assert drawn == {0, 1, 2, 3}  # still drawn per question
+    with pytest.raises(DataError, match="no id .* and no question text"):
+        config.prompt_function({k: v for k, v in bare[0].items() if k not in ("Question",)}, config.name)
+
+
 def test_a_missing_mmlu_subject_is_an_error_naming_it():
     with pytest.raises(DataError, match="no folder for subset 'astronomy'"):
         task("mmlu_redux", lighteval="mmlu_redux/mmlu_redux_2:a*")

@@ -20,6 +20,7 @@ from naive_reference import naive_alignment, naive_kd
 from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
+import melt_core.train
 from melt_core import ConfigError
 from melt_core import checkpoint as ck
 from melt_core.data import DataError
@@ -219,10 +220,12 @@ def test_bf16_autocast_fsdp_trains_on_cpu(setup, tmp_path):
     assert any(not torch.equal(a[k], b[k]) for k in a)  # autocast really ran in bf16
 
 
-def test_killed_run_resumes_bitwise(setup, tmp_path):
+def test_killed_run_resumes_bitwise(setup, tmp_path, monkeypatch, capsys):
     """Exact on purpose: both runs execute the same kernels on this machine (the worker inherits
     this process's environment and thread count, and every tensor, reloaded ones included, lives
-    in torch-allocated memory), so a resume that changes any bit has lost state."""
+    in torch-allocated memory), so a resume that changes any bit has lost state. And the resumed
+    run computes only the steps after its checkpoint: a run that silently started over from step 0
+    would reach the same weights and rewrite the same rows."""
     steps = [{"name": "phase1", "steps": 4, "alpha_start": 0.0, "alpha_end": 1.0},
              {"name": "phase2", "steps": 4, "align_beta": 0.1}]
     ref = train(cfg_for(setup, "uninterrupted", phases=steps))
@@ -239,7 +242,13 @@ def test_killed_run_resumes_bitwise(setup, tmp_path):
     proc.kill()
     proc.wait()
     assert ck4.exists() and not (setup[0] / "interrupted" / "final").exists(), "the kill came too late"
+    ran = []
+    real_step = melt_core.train._step
+    monkeypatch.setattr(melt_core.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
+    capsys.readouterr()
     resumed = train(cfg)
+    assert ran and ran[0] in (4, 6) and ran == list(range(ran[0], 8)), f"steps the resumed run computed: {ran}"
+    assert f"resuming from step {ran[0]}" in capsys.readouterr().out
     rows = read_metrics(setup[0] / "interrupted")
     assert [r["step"] for r in rows] == list(range(1, 9))  # the resumed steps logged once, not twice
     a, b = weights(ref), weights(resumed)
