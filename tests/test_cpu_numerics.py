@@ -3,6 +3,7 @@ with this CPU's own kernels and two threads, one with ATen's unvectorised kernel
 train a small looped model to different bits unpinned (so the emulation really changes the
 arithmetic) and to the same bits pinned."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
-from cpu_numerics import MARKER, PINNED_VARS, check, pin, pinned_env  # noqa: E402
+from cpu_numerics import MARKER, PINNED_VARS, check, cpu_vendor, expected_branch, pin, pinned_env  # noqa: E402
 
 # A few AdamW steps of the embedded teacher's shape (4 loops) with per-loop LM loss: the teacher's step.
 PROBE = """
@@ -71,7 +72,15 @@ def test_pinned_env_and_errors(monkeypatch):
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert env["MKL_CBWR"] == "AVX2,STRICT"  # MKL's products the same bits at any thread count
     assert env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"  # over an environment that capped MKL lower (machine B)
+    # MKL's one branch that runs alike on Intel and AMD, at a fixed thread count
+    neutral = pinned_env({"kernels": "vendor-neutral"})
+    assert neutral["MKL_CBWR"] == "COMPATIBLE" and neutral["MKL_DYNAMIC"] == "FALSE"
+    assert neutral["ATEN_CPU_CAPABILITY"] == "avx2"
     assert pinned_env({"kernels": "default"})["MKL_CBWR"] == "COMPATIBLE"
+    # what MKL runs for a branch: the one asked for on Intel; AUTO in place of an ISA branch elsewhere
+    assert expected_branch("AVX2,STRICT", "GenuineIntel") == "AVX2,STRICT"
+    assert expected_branch("AVX2,STRICT", "AuthenticAMD") == "AUTO,STRICT"
+    assert expected_branch("COMPATIBLE", "AuthenticAMD") == "COMPATIBLE"
     with pytest.raises(ValueError, match="cpu_numerics.kernels"):
         pinned_env({"kernels": "avx512"})
 
@@ -80,9 +89,64 @@ def test_check_fails_when_torch_runs_other_kernels(monkeypatch):
     # pin() writes os.environ: give it a copy, so no pin leaks into later tests' subprocesses
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if k not in PINNED_VARS})
     assert "not pinned" in check("AVX512")
+    os.environ["MKL_ENABLE_INSTRUCTIONS"] = "SSE4_2"  # a cap the caller set: cleared by pins that set none
+    pin({"kernels": "vendor-neutral"})
+    assert "MKL_ENABLE_INSTRUCTIONS" not in os.environ
+    assert "CPU kernels AVX2, MKL branch COMPATIBLE" in check("AVX2", "COMPATIBLE")
+    with pytest.raises(RuntimeError, match="MKL reports it ran CNR:AUTO,STRICT"):
+        check("AVX2", "AUTO,STRICT")
     pin({"kernels": "avx2"})
-    assert "CPU kernels AVX2, ATEN_CPU_CAPABILITY=avx2" in check("AVX2")
+    here = expected_branch("AVX2,STRICT", cpu_vendor())
+    assert f"CPU kernels AVX2, MKL branch {here}" in check("AVX2", here)
+    with pytest.raises(RuntimeError, match="MKL reports it ran CNR:AUTO\\b"):
+        check("AVX2", "AUTO")  # not strict: MKL_CBWR was read before the pins were set
     with pytest.raises(RuntimeError, match="cpu_numerics.kernels: default"):
         check("DEFAULT")  # a CPU without AVX2: ATen fell back
     pin({"pinned": False})  # unpinned: the caller's environment stands, and nothing is checked
     assert MARKER not in os.environ and "not pinned" in check("DEFAULT")
+
+
+# A job's own check, as workflow/scripts/common.py runs it: MKL reads MKL_CBWR when it first computes,
+# so pins set after torch has run a product are not the branch it runs, and the check must say so.
+JOB = """
+import os, sys, torch
+sys.path.insert(0, {scripts!r})
+from cpu_numerics import check, mkl_branch, pin
+if {late}:
+    torch.ones(4, 4) @ torch.ones(4, 4)  # MKL starts with the caller's branch
+pin({{"kernels": "vendor-neutral"}})
+print(check(torch.backends.cpu.get_cpu_capability(), mkl_branch()))
+"""
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["pinned before torch computes", "pinned too late"])
+def test_a_job_fails_when_mkl_runs_another_branch(late):
+    env = {k: v for k, v in os.environ.items() if k not in PINNED_VARS and not k.startswith("MKL_")}
+    env["MKL_CBWR"] = "AUTO"  # the caller's own branch, which MKL keeps once it has computed
+    env["ATEN_CPU_CAPABILITY"] = "avx2"  # ATen's kernels right from the start: only MKL's branch is late
+    code = JOB.format(scripts=str(ROOT / "workflow" / "scripts"), late=late)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    if late:
+        assert out.returncode != 0 and "MKL reports it ran CNR:AUTO" in out.stderr, out.stderr[-2000:]
+    else:
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "MKL branch COMPATIBLE" in out.stdout
+
+
+# The vendor-neutral pins' digests as recorded on another machine (tests/fixtures/numerics/): equal here,
+# or the claim that they compute the same bits on any x86-64 CPU with AVX2, of any vendor, is false.
+RECORDED = ROOT / "tests" / "fixtures" / "numerics" / "vendor-neutral-digests.json"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_vendor_neutral_arithmetic_matches_the_recorded_machine(threads):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from numerics_probe import PIN_SETS, run
+
+    recorded = json.loads(RECORDED.read_text())
+    want = recorded["runs"][f"vendor-neutral, {threads} thread(s)"]
+    got = run(PIN_SETS["vendor-neutral"], threads)
+    differ = sorted(k for k in want if got.get(k) != want[k])
+    assert not differ, (f"the vendor-neutral pins' arithmetic differs from {recorded['cpu']}'s ({RECORDED.name}) in "
+                        f"{differ}: here {[got.get(k) for k in differ]}, there {[want[k] for k in differ]}. "
+                        "The pins do not give this machine the same bits; see docs/REPRODUCIBILITY.md")

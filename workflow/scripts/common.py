@@ -20,6 +20,7 @@ if _rule is not None and _rule not in LOGIN_NODE_RULES:
 
 import torch  # noqa: E402
 from cpu_numerics import check as check_numerics  # noqa: E402
+from cpu_numerics import mkl_branch  # noqa: E402
 
 from melt_core.tracking import INVOCATION_ENV, config_hash, make_logger, stamp
 
@@ -40,7 +41,7 @@ def rule_context(snakemake, stage: str, run_name: str | None = None, log_index: 
     # a job's log says how it was threaded and which kernels computed it (a slow or differing job)
     stamp(f"rule {snakemake.rule}: {torch.get_num_threads()} torch thread(s), OMP_NUM_THREADS="
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}; "
-          + check_numerics(torch.backends.cpu.get_cpu_capability()))
+          + check_numerics(torch.backends.cpu.get_cpu_capability(), mkl_branch()))
     spec = dict(getattr(snakemake.params, "mlflow", None) or {})
     spec.setdefault("parent_run_id", os.environ.get(INVOCATION_ENV))  # a child of this invocation's run
     tags = {**spec.get("tags", {}), **(tags or {}), "rule": snakemake.rule,
