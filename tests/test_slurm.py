@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -90,6 +91,41 @@ def test_requeued_job_resumes_bitwise(setup, monkeypatch):
     assert "resuming from step 4" in logs or "resuming from step 6" in logs, logs[-2000:]
     a, b = weights(ref), weights(final)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_planted_divergence_fails_its_phase_job_and_nothing_after_it_runs(tmp_path):
+    """The paper configuration's rehearsal with an absurd learning rate (an overlay): its first phase
+    job, submitted through submitit as a 2-rank FSDP job, stops at the first non-finite step with
+    TrainingDiverged; Snakemake then fails without running the phases or evals that depend on it."""
+    import os
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "workflow"))
+    import rehearsal
+
+    fixtures = root / "results" / "rehearsal" / "fixtures"
+    rehearsal.build(fixtures)  # deterministic and pinned (test_rehearsal): the same files .ci/run builds
+    out = tmp_path / "diverged"
+    layer = tmp_path / "diverge.yaml"
+    layer.write_text(yaml.safe_dump({
+        "overlays": os.path.relpath(root / "config" / "rehearsal_cpu.yaml", tmp_path), "name": "rehearsal-diverge",
+        "outdir": str(out), "mlflow": {"tracking_uri": f"sqlite:///{out}/mlflow.db", "experiment": "diverge"},
+        "train": {"lr_model": 1.0e4}}))
+    cmd = [str(root / ".venv" / "bin" / "snakemake"), "main_run", "--profile", "profiles/slurm-ci",
+           "--configfile", str(root / "config" / "paper.yaml"), str(layer)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode != 0, r.stdout[-3000:]
+    runs = out / "runs"
+    logs = {p: p.read_text(errors="replace") for p in runs.rglob("*_log.*")}  # submitit's per-task logs
+    said = [p for p, text in logs.items() if "TrainingDiverged: training diverged" in text and "lr_model 10000" in text]
+    assert said, (sorted(map(str, logs))[:10], r.stderr[-3000:])
+    finals = list(runs.rglob("final"))
+    assert not finals, finals  # neither the diverged phase nor any later one wrote a final checkpoint
+    trained = {p.parent.name for p in runs.rglob("metrics.jsonl")}
+    assert len(trained) == 1, trained  # only the first phase ran: the next waits on its final
 
 
 if __name__ == "__main__":
