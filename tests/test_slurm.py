@@ -94,9 +94,11 @@ def test_requeued_job_resumes_bitwise(setup, monkeypatch):
 
 
 def test_a_planted_divergence_fails_its_phase_job_and_nothing_after_it_runs(tmp_path):
-    """The paper configuration's rehearsal with an absurd learning rate (an overlay): its first phase
-    job, submitted through submitit as a 2-rank FSDP job, stops at the first non-finite step with
-    TrainingDiverged; Snakemake then fails without running the phases or evals that depend on it."""
+    """The paper configuration's rehearsal with an absurd learning rate (an overlay), asked for the
+    main run's AIME24 eval: each phase job whose step goes non-finite (a Phase 2's first step here:
+    Phase 1's two steps at lr 1e4 ruin the weights but stay finite), a 2-rank FSDP job submitted
+    through submitit, stops with TrainingDiverged and no `final`; no phase after it begins,
+    Snakemake fails, and no eval runs."""
     import os
 
     import yaml
@@ -105,27 +107,28 @@ def test_a_planted_divergence_fails_its_phase_job_and_nothing_after_it_runs(tmp_
     sys.path.insert(0, str(root / "workflow"))
     import rehearsal
 
-    fixtures = root / "results" / "rehearsal" / "fixtures"
-    rehearsal.build(fixtures)  # deterministic and pinned (test_rehearsal): the same files .ci/run builds
+    rehearsal.build(root / "results" / "rehearsal" / "fixtures")  # deterministic and pinned: what .ci/run builds
     out = tmp_path / "diverged"
     layer = tmp_path / "diverge.yaml"
     layer.write_text(yaml.safe_dump({
         "overlays": os.path.relpath(root / "config" / "rehearsal_cpu.yaml", tmp_path), "name": "rehearsal-diverge",
         "outdir": str(out), "mlflow": {"tracking_uri": f"sqlite:///{out}/mlflow.db", "experiment": "diverge"},
         "train": {"lr_model": 1.0e4}}))
-    cmd = [str(root / ".venv" / "bin" / "snakemake"), "main_run", "--profile", "profiles/slurm-ci",
-           "--configfile", str(root / "config" / "paper.yaml"), str(layer)]
+    layers = [str(root / "config" / f) for f in ("paper.yaml", "rehearsal.yaml", "rehearsal_cpu.yaml")]
+    target = out / "eval" / "melt-elementwise__full-seed0" / "aime24.json"
+    cmd = [str(root / ".venv" / "bin" / "snakemake"), str(target), "--profile", "profiles/slurm-ci",
+           "--configfile", *layers, str(layer)]  # as .ci/run names them, and the divergence last
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1500)
     assert r.returncode != 0, r.stdout[-3000:]
-    runs = out / "runs"
-    logs = {p: p.read_text(errors="replace") for p in runs.rglob("*_log.*")}  # submitit's per-task logs
-    said = [p for p, text in logs.items() if "TrainingDiverged: training diverged" in text and "lr_model 10000" in text]
-    assert said, (sorted(map(str, logs))[:10], r.stderr[-3000:])
-    finals = list(runs.rglob("final"))
-    assert not finals, finals  # neither the diverged phase nor any later one wrote a final checkpoint
-    trained = {p.parent.name for p in runs.rglob("metrics.jsonl")}
-    assert len(trained) == 1, trained  # only the first phase ran: the next waits on its final
+    diverged = [p.parent for p in (out / "runs").rglob("diverged.json")]  # the eval's group trains several runs
+    assert diverged, r.stderr[-3000:]
+    for run in diverged:
+        logs = "".join(p.read_text(errors="replace") for p in (run / "submitit").glob("*_log.*"))
+        assert "TrainingDiverged: training diverged" in logs and "lr_model 10000" in logs, logs[-3000:]
+        assert not (run / "final").exists(), run
+        assert not [p for p in run.rglob("metrics.jsonl") if p.parent != run], run  # no later phase began
+    assert not target.exists() and not list(out.glob("eval/**/*.json")), sorted(out.glob("eval/**/*"))
 
 
 if __name__ == "__main__":
