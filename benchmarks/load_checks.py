@@ -39,7 +39,7 @@ def main() -> None:
         path = save_pretrained(build_random(cfg, torch.bfloat16), Path(tmp) / "ck")
         size = sum(f.stat().st_size for f in path.iterdir())
         times: dict[str, list[float]] = {"header shapes": [], "sha256 of every file": [], "read weights": [],
-                                         "NaN/inf over every weight": []}
+                                         "NaN/inf over every weight": [], "... again, pages resident": []}
         for _ in range(args.rounds):
             t0 = time.perf_counter()
             read_shapes(path)
@@ -48,17 +48,19 @@ def main() -> None:
             t2 = time.perf_counter()
             state = read_state_dict(path)
             t3 = time.perf_counter()
+            check_finite(state, str(path))  # the first touch of the mapped file's pages, which the copy
+            t4 = time.perf_counter()         # into the model (load_pretrained's next step) pays otherwise
             check_finite(state, str(path))
-            t4 = time.perf_counter()
+            t5 = time.perf_counter()
             del state
-            for name, t in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            for name, t in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 times[name].append(t)
     med = {k: statistics.median(v) for k, v in times.items()}
-    ratio = med["NaN/inf over every weight"] / med["sha256 of every file"]
+    ratio = med["... again, pages resident"] / med["sha256 of every file"]
     lines = [f"{args.preset}, {size / 1e9:.2f} GB of bf16 weights, {args.rounds} rounds, {torch.get_num_threads()} "
              "threads", "", "| check | median s | min-max s |", "|---|---:|---:|"]
     lines += [f"| {k} | {med[k]:.3f} | {min(v):.3f}-{max(v):.3f} |" for k, v in times.items()]
-    lines += ["", f"NaN/inf pass / sha256 pass: {ratio:.3f}"]
+    lines += ["", f"NaN/inf arithmetic (pages resident) / sha256 pass: {ratio:.3f}"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "load_checks.json").write_text(json.dumps({"preset": args.preset, "bytes": size, "times": times,
                                                            "ratio_finite_to_sha256": ratio}, indent=1))

@@ -166,9 +166,11 @@ def check_shapes(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig, source: s
 
 
 def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
-    """Every floating-point weight finite: a NaN or inf one would load and compute garbage."""
+    """Every floating-point weight finite: a NaN or inf one would load and compute garbage. One
+    min-max reduction a tensor (NaN propagates through it; an inf is its min or max), no tensor-sized
+    mask: at the 1.4B shape a fraction of the sha256 pass that reads the same bytes (MEASURED.md)."""
     for key, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(t))).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise CheckpointError(f"{source}: weight {key} holds {bad} non-finite value(s) (NaN or inf) of "
                                   f"{t.numel()}; the run that wrote it diverged, or the file was damaged — "
