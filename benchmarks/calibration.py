@@ -129,7 +129,7 @@ def rerun(base: Path, out: Path) -> tuple[Path, Path]:
         raise SystemExit(f"{base}/claims.md: missing; run the main job first (snakemake --profile local all)")
     out.mkdir(parents=True, exist_ok=True)
     layer = overlay(out, "perturbed", ROOT / "config" / "default.yaml", PERTURBED["seeds"],
-                    {k: v for k, v in PERTURBED.items() if k != "seeds"})
+                    {"name": "embedded-calibration", **{k: v for k, v in PERTURBED.items() if k != "seeds"}})
     outdir = ROOT / yaml.safe_load(layer.read_text())["outdir"]
     stamp(f"calibration: snakemake all under {PERTURBED} into {outdir} (log {out / 'perturbed.log'})")
     with open(out / "perturbed.log", "w") as log:
