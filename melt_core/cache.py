@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ConfigError
@@ -153,6 +154,33 @@ class Block:
     k: Tensor
     v: Tensor
     mask: Tensor | None
+
+
+def attend(q: Tensor, blocks: list[Block]) -> Tensor:
+    """Softmax attention of q (B, H, C, D) over the union of key blocks; returns (B, H, C, D).
+
+    One block goes to SDPA. Several blocks (sliding window, kept prompt) share one softmax:
+    their scores are concatenated, so no K/V is copied.
+    """
+    group = q.shape[1] // blocks[0].k.shape[1]
+    if len(blocks) == 1:
+        b = blocks[0]
+        return F.scaled_dot_product_attention(q, b.k, b.v, attn_mask=b.mask, enable_gqa=group > 1)
+    scale = q.shape[-1] ** -0.5
+    scores, values = [], []
+    for b in blocks:
+        k, v = (b.k.repeat_interleave(group, 1), b.v.repeat_interleave(group, 1)) if group > 1 else (b.k, b.v)
+        s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scale  # (B, H, C, K_b)
+        if b.mask is not None:
+            s = s.masked_fill(~b.mask, float("-inf"))
+        scores.append(s)
+        values.append(v)
+    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(q.dtype)
+    out, start = 0, 0
+    for s, v in zip(scores, values):
+        out = out + probs[..., start:start + s.shape[-1]] @ v
+        start += s.shape[-1]
+    return out
 
 
 class KVCache:
@@ -340,6 +368,13 @@ class KVCache:
         K/V of the same tokens (from a), needed only when alpha < 1.
         """
         raise NotImplementedError
+
+    def attend(self, q: Tensor, layer: int, loop: int, kv: KV, base: KV | None = None,
+               alpha: float = 1.0) -> Tensor:
+        """Attention of the chunk's queries q (B, H, C, D) at (layer, loop): store the chunk's K/V
+        (``read``) and attend to what the policy says. A serving engine's paged cache
+        (melt_core/vllm_models.py) stores and attends in one kernel instead."""
+        return attend(q, self.read(layer, loop, kv, base, alpha))
 
 
 class LoopKVCache(KVCache):

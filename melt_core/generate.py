@@ -59,6 +59,7 @@ class Completion:
     finish_reason: str  # "stop" or "length"
     text: str | None = None
     loops: list[int] | None = None  # per token: the loops run for the step that produced it
+    logprobs: list[float] | None = None  # per token, where the engine reports them (vLLM, on request)
 
 
 def sample_seed(seed: int, prompt: Sequence[int], sample: int) -> int:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .cache import Block, KeptPromptSharedKVCache, KVCache, LoopKVCache, SharedKVCache
+from .cache import KeptPromptSharedKVCache, KVCache, LoopKVCache, SharedKVCache
 from .config import ConfigError, ModelConfig
 from .gate import LatentGate
 
@@ -62,33 +62,6 @@ def rope_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tupl
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-def attend(q: Tensor, blocks: list[Block]) -> Tensor:
-    """Softmax attention of q (B, H, C, D) over the union of key blocks; returns (B, H, C, D).
-
-    One block goes to SDPA. Several blocks (sliding window, kept prompt) share one softmax:
-    their scores are concatenated, so no K/V is copied.
-    """
-    group = q.shape[1] // blocks[0].k.shape[1]
-    if len(blocks) == 1:
-        b = blocks[0]
-        return F.scaled_dot_product_attention(q, b.k, b.v, attn_mask=b.mask, enable_gqa=group > 1)
-    scale = q.shape[-1] ** -0.5
-    scores, values = [], []
-    for b in blocks:
-        k, v = (b.k.repeat_interleave(group, 1), b.v.repeat_interleave(group, 1)) if group > 1 else (b.k, b.v)
-        s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * scale  # (B, H, C, K_b)
-        if b.mask is not None:
-            s = s.masked_fill(~b.mask, float("-inf"))
-        scores.append(s)
-        values.append(v)
-    probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1).to(q.dtype)
-    out, start = 0, 0
-    for s, v in zip(scores, values):
-        out = out + probs[..., start:start + s.shape[-1]] @ v
-        start += s.shape[-1]
-    return out
 
 
 class Attention(nn.Module):
@@ -154,8 +127,7 @@ class LoopBlock(nn.Module):
             base = attn.key_value(a, step.cos, step.sin) if step.alpha < 1.0 else None
         else:
             kv, base = attn.key_value(a, step.cos, step.sin), None
-        blocks = step.cache.read(layer, loop, kv, base=base, alpha=step.alpha)
-        o = attn.output(attend(q, blocks))
+        o = attn.output(step.cache.attend(q, layer, loop, kv, base=base, alpha=step.alpha))
         if step.attn_outputs is not None:
             step.attn_outputs.append(o)
         x = x + self.input_layernorm_2(o)
@@ -186,13 +158,15 @@ class LoopStep:
 
 @dataclass
 class LoopOutput:
-    """``logits`` (B, L, V) are the last loop's; ``per_loop_logits`` (T, B, L, V)."""
+    """``logits`` (B, L, V) are the last loop's; ``per_loop_logits`` (T, B, L, V); ``hidden``
+    (B, C, d): the last chunk's states after the last loop's final norm (what ``lm_head`` reads)."""
 
-    logits: Tensor
+    logits: Tensor | None
     per_loop_logits: Tensor | None
     exit_logits: Tensor  # (T, B, L) early_exit_gate before the sigmoid
     cache: KVCache
     attn_outputs: list[Tensor] | None = field(default=None, repr=False)  # t*N + l -> (B, L, d)
+    hidden: Tensor | None = field(default=None, repr=False)
 
 
 def exit_distribution(exit_logits: Tensor) -> Tensor:
@@ -266,7 +240,8 @@ class LoopedLM(nn.Module):
         alpha: Phase-1 interpolation between MELT and Ouro K/V (1 = pure MELT);
         align_chunks_to_end: cut chunks back from the last token (the first chunk takes the
             remainder), so left-padded prompts in a batch get the same chunks as alone;
-        logits: ``all`` (every loop, every position) or ``last`` (last loop, last position).
+        logits: ``all`` (every loop, every position), ``last`` (last loop, last position) or
+            ``none`` (no logits: ``hidden`` only, for a caller that applies ``lm_head`` itself).
         """
         cfg = self.config
         B, L = input_ids.shape
@@ -276,6 +251,8 @@ class LoopedLM(nn.Module):
             raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
         if not 0.0 <= alpha <= 1.0:
             raise ConfigError(f"alpha must lie in [0, 1], got {alpha}")
+        if logits not in ("all", "last", "none"):
+            raise ValueError(f"logits must be 'all', 'last' or 'none', got {logits!r}")
         if alpha < 1.0 and not cfg.is_melt:
             raise ConfigError("alpha < 1 interpolates MELT with Ouro K/V; it needs a MELT model")
         cache = cache if cache is not None else self.new_cache()
@@ -297,32 +274,37 @@ class LoopedLM(nn.Module):
             cache.begin_chunk(sl.stop - sl.start, None if valid is None else valid[:, sl])
             step = LoopStep(cache, cos, sin, alpha, [None] * cfg.num_hidden_layers,
                             [] if collect_attn_outputs else None, self.checkpoint_mlp)
-            lo, ex = self._run_chunk(x_all[:, sl], step, last_only=logits == "last" and sl.stop == L)
+            lo, ex, hidden = self._run_chunk(x_all[:, sl], step, "none" if logits == "none" else
+                                             "last" if logits == "last" and sl.stop == L else "all")
             cache.end_chunk()
             per_loop.append(lo)
             exits.append(ex)
             if collect_attn_outputs:
                 attn_outputs.append(step.attn_outputs)
         exit_logits = torch.cat(exits, dim=-1)
+        if logits == "none":
+            return LoopOutput(None, None, exit_logits, cache, hidden=hidden)
         if logits == "last":
-            return LoopOutput(per_loop[-1][-1], None, exit_logits, cache)
+            return LoopOutput(per_loop[-1][-1], None, exit_logits, cache, hidden=hidden)
         per_loop_logits = torch.cat(per_loop, dim=2)  # (T, B, L, V)
         if collect_attn_outputs:  # per (t, l): join the chunks along L
             attn_outputs = [torch.cat(parts, dim=1) for parts in zip(*attn_outputs)]
-        return LoopOutput(per_loop_logits[-1], per_loop_logits, exit_logits, cache, attn_outputs)
+        return LoopOutput(per_loop_logits[-1], per_loop_logits, exit_logits, cache, attn_outputs, hidden)
 
-    def _run_chunk(self, x: Tensor, step: LoopStep, last_only: bool) -> tuple[Tensor, Tensor]:
-        logits, exits = [], []
+    def _run_chunk(self, x: Tensor, step: LoopStep, logits: str) -> tuple[Tensor | None, Tensor, Tensor]:
+        """The chunk through every loop: per-loop logits (``all``), the last position's (``last``) or
+        none; the exit gate's logits; the last loop's states."""
+        per_loop, exits = [], []
         for t in range(self.num_loops):
             for layer_idx, layer in enumerate(self.model.layers):
                 x = layer(x, step, layer_idx, t)
             x = self.model.norm(x)
             exits.append(self.model.early_exit_gate(x).squeeze(-1))  # (B, C)
-            if not last_only:
-                logits.append(self.lm_head(x))
-        if last_only:
-            logits.append(self.lm_head(x[:, -1:]))
-        return torch.stack(logits), torch.stack(exits)
+            if logits == "all":
+                per_loop.append(self.lm_head(x))
+        if logits == "last":
+            per_loop.append(self.lm_head(x[:, -1:]))
+        return torch.stack(per_loop) if per_loop else None, torch.stack(exits), x
 
     def melt_parameters(self) -> list[nn.Parameter]:
         """The gates' parameters (trained with their own learning rate)."""

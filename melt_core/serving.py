@@ -1,0 +1,139 @@
+"""Serving a checkpoint with vLLM: the engine settings each model needs, in one place.
+
+Torch- and vLLM-free at import (the workflow reads ``engine_args`` while building jobs); vLLM is
+imported by ``start`` only, in the serving environment (envs/requirements-vllm-cpu.txt, or
+envs/requirements-cuda.txt on GPU nodes). The models are melt_core's (melt_core/vllm_models.py,
+registered by melt_core/vllm_plugin.py).
+
+What differs by model (docs/CHOICES.md):
+
+* MELT: chunked prefill and prefix caching off. Its prompt is computed by melt_core in one step
+  (token by token, or in ``prefill_chunk`` chunks, as the native engine does); a prompt split over
+  steps, or a cached prefix, would change the rows its tokens read. n samples of one prompt each
+  compute the prompt again (the rows are the same; the time is not).
+* Ouro and dense models: vLLM's defaults (parallel prefill is exact for them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+PREFILL_CHUNK_KEY = "melt_prefill_chunk"  # melt_core.vllm_models reads it from the hf config
+ARCHITECTURES = {"ouro": "OuroForCausalLM", "melt": "MeltForCausalLM"}  # melt_core.vllm_plugin registers them
+
+
+def model_type(checkpoint: str | Path) -> str:
+    return json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type", "")
+
+
+def engine_args(checkpoint: str | Path, *, prefill_chunk: int | None = None, dtype: str = "auto",
+                max_model_len: int | None = None, max_num_seqs: int = 128, seed: int = 0,
+                kv_cache_bytes: int = 1 << 30, cuda_graphs: bool = False,
+                tokenizer: str | Path | None = None, overrides: dict | None = None) -> dict:
+    """Keyword arguments of ``vllm.LLM`` for one checkpoint directory. ``kv_cache_bytes``: the KV
+    memory to give vLLM (set always: left to itself, vLLM's CPU backend takes 92% of the machine's
+    memory, and its GPU backend sizes by a share of the device, not by the plan); ``cuda_graphs``: capture decode
+    steps (GPU only; the CPU backend runs eagerly); ``overrides``: vLLM keywords set last, over what
+    this function decided (tests use it to force what the defaults prevent)."""
+    checkpoint = Path(checkpoint)
+    kind = model_type(checkpoint)
+    has_tokenizer = tokenizer is not None or any((checkpoint / f).is_file() for f in
+                                                  ("tokenizer.json", "tokenizer_config.json"))
+    args = dict(model=str(checkpoint), tokenizer=str(tokenizer or checkpoint), skip_tokenizer_init=not has_tokenizer,
+                dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, trust_remote_code=False,
+                enforce_eager=not cuda_graphs)
+    if max_model_len is not None:
+        args["max_model_len"] = max_model_len
+    args["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+    architecture = ARCHITECTURES.get(kind)
+    if architecture:  # melt_core's config.json names no architecture; the hub's Ouro names its own
+        args["hf_overrides"] = {"architectures": [architecture]}
+    if kind == "melt":
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 or None (token by token), got {prefill_chunk}")
+        args |= dict(enable_prefix_caching=False, enable_chunked_prefill=False,
+                     hf_overrides={**args["hf_overrides"], PREFILL_CHUNK_KEY: prefill_chunk})
+        if max_model_len is not None:  # every prompt in one step
+            args["max_num_batched_tokens"] = max(max_model_len, 2048)
+    elif prefill_chunk is not None:
+        raise ValueError(f"{checkpoint}: prefill_chunk is MELT's setting; this checkpoint is {kind!r}")
+    return args | (overrides or {})
+
+
+
+
+def vllm_python() -> Path:
+    """The serving environment's interpreter: $MELT_VLLM_PYTHON, else .venv-vllm beside this checkout."""
+    path = Path(os.environ.get("MELT_VLLM_PYTHON") or Path(__file__).resolve().parents[1] / ".venv-vllm/bin/python")
+    if not path.is_file():
+        raise FileNotFoundError(f"no vLLM environment at {path}: run `bash envs/setup.sh` (it builds .venv-vllm), "
+                                "or set MELT_VLLM_PYTHON to a python with vllm and melt_core installed")
+    return path
+
+
+class VllmEngine:
+    """A vLLM engine serving one checkpoint, in a process of the serving environment (melt_core.vllm_worker),
+    started once; ``generate`` takes and returns what melt_core.generate.generate does. Use as a
+    context manager, or ``close()``. ``log``: where the engine's output goes (default: this stderr)."""
+
+    def __init__(self, checkpoint: str | Path, log=None, **engine_kwargs):
+        self.engine = engine_args(checkpoint, **engine_kwargs)
+        # the engine in the worker's own process (one process to start, not two);
+        # its threads not pinned to cores the caller may be using (a user's setting is kept)
+        env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "TOKENIZERS_PARALLELISM": "false"}
+        self.proc = subprocess.Popen([str(vllm_python()), "-m", "melt_core.vllm_worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        self.start_seconds = self._ask({"op": "start", "engine": self.engine})["seconds"]
+
+    def _ask(self, request: dict) -> dict:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the vLLM worker has exited (code {self.proc.returncode}); its log has why")
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            raise RuntimeError(f"the vLLM worker died (code {self.proc.returncode}) during {request['op']!r}; "
+                               "its log has why")
+        answer = json.loads(line)
+        if not answer.pop("ok"):
+            raise RuntimeError(f"vLLM worker ({self.engine['model']}): {answer['error']}")
+        return answer
+
+    def generate(self, prompts, params, logprobs: bool = False) -> list[list]:
+        """Completions of each prompt (``params``: melt_core.generate.SamplingParams), as generate() returns
+        them; with ``logprobs`` each Completion also carries ``logprobs`` (of its tokens)."""
+        from .generate import Completion
+
+        fields = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                      n=params.n, greedy=params.greedy, stop_token_ids=list(params.stop_token_ids),
+                      stop_strings=list(params.stop_strings), seed=params.seed)
+        answer = self._ask({"op": "generate", "prompts": [list(map(int, p)) for p in prompts], "params": fields,
+                            "logprobs": logprobs})
+        self.last_seconds = answer["seconds"]
+        out = []
+        for samples in answer["outputs"]:
+            row = []
+            for s in samples:
+                row.append(Completion(s["token_ids"], s["finish_reason"], s["text"], logprobs=s.get("logprobs")))
+            out.append(row)
+        return out
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "stop"}) + "\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

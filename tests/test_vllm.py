@@ -1,0 +1,175 @@
+"""Ouro and MELT served by vLLM (melt_core/vllm_models.py, CPU backend, the serving environment
+.venv-vllm) against melt_core's own generation on the same checkpoints: the same greedy tokens, and
+per-token log-probabilities within what float32 arithmetic in other kernels justifies.
+
+One engine per checkpoint and module (a worker process each, started on first use). The tiny models
+have head dim 32: vLLM's CPU attention takes 32, 64, 80, ... only. Their weights are drawn wide
+(std 0.3), so next-token distributions are peaked but not degenerate: a wrong row in the cache
+changes tokens within a few steps (the breaks in tests/breaks.py show it).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import under_ci
+
+from melt_core import checkpoint as ck
+from melt_core.config import ModelConfig
+from melt_core.generate import SamplingParams, generate
+from melt_core.model import LoopedLM
+from melt_core.serving import VllmEngine, engine_args, vllm_python
+
+try:
+    vllm_python()
+except FileNotFoundError as e:
+    if under_ci():
+        raise
+    pytest.skip(str(e), allow_module_level=True)
+
+# float32 in both engines: the log-probabilities of one token differ by rounding in other kernels (vLLM's
+# CPU attention, its fused RMSNorm) through 2 layers x 3 loops; seen <= 2e-5 here. 1e-3 is far above that
+# and far below the gap a wrong cache row makes (> 0.1 at the first wrong step).
+LOGPROB_ATOL = 1e-3
+SHAPE = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=2, total_ut_steps=3, max_position_embeddings=256)
+MODELS = {  # name -> ModelConfig fields over SHAPE
+    "ouro": dict(model_type="ouro"),
+    "melt-elementwise": dict(model_type="melt", gate="elementwise"),
+    "melt-scalar": dict(model_type="melt", gate="scalar"),
+    "melt-mean": dict(model_type="melt", gate="mean"),
+    "melt-ema": dict(model_type="melt", gate="ema"),
+    "melt-last": dict(model_type="melt", gate="last"),
+    "melt-h0-first": dict(model_type="melt", gate="elementwise", gate_h0="first"),
+}
+PROMPTS = [[1, 5, 9, 3, 7, 2, 8, 30, 41, 12, 3], [2, 4], [11, 12, 13, 14, 15, 16, 17], [40],
+           [9, 8, 7, 6, 5, 4, 3, 2, 1]]
+STOP = (0,)  # token 0 ends a completion, as EOS does; included in its tokens in both engines
+
+
+def make_checkpoint(root: Path, name: str) -> Path:
+    torch.manual_seed(sorted(MODELS).index(name))
+    model = LoopedLM(ModelConfig(**SHAPE, **MODELS[name]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.3)
+    return ck.save_pretrained(model, root / name)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-models")
+    return {name: make_checkpoint(root, name) for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints):
+    """name (or (name, prefill_chunk)) -> a started engine, each started once for the module."""
+    started = {}
+
+    def get(name, prefill_chunk=None):
+        key = (name, prefill_chunk)
+        if key not in started:
+            started[key] = VllmEngine(checkpoints[name], dtype="float32", max_model_len=256, max_num_seqs=8,
+                                      kv_cache_bytes=64 << 20, prefill_chunk=prefill_chunk)
+        return started[key]
+
+    yield get
+    for engine in started.values():
+        engine.close()
+
+
+def native(checkpoint, prompts, params, prefill_chunk=None):
+    model = ck.load_pretrained(checkpoint)
+    return generate(model, prompts, params, prefill_chunk=prefill_chunk, batch_size=len(prompts))
+
+
+def exact_logprobs(checkpoint, prompt, tokens) -> list[float]:
+    """Log-probabilities of ``tokens`` after ``prompt``, teacher-forced through melt_core's exact forward
+    (token by token for MELT, in parallel for Ouro)."""
+    model = ck.load_pretrained(checkpoint)
+    ids = torch.tensor([list(prompt) + list(tokens[:-1])])
+    with torch.no_grad():
+        logits = model(ids, chunk_size=1 if model.config.is_melt else None).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)[len(prompt) - 1:]
+    return [float(logp[i, t]) for i, t in enumerate(tokens)]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_greedy_tokens_equal_melt_core_batched_and_alone(name, checkpoints, engines):
+    params = SamplingParams(max_new_tokens=24, greedy=True, stop_token_ids=STOP)
+    want = [[c.token_ids for c in row] for row in native(checkpoints[name], PROMPTS, params)]
+    batched = engines(name).generate(PROMPTS, params, logprobs=True)
+    assert [[c.token_ids for c in row] for row in batched] == want
+    alone = [engines(name).generate([p], params)[0] for p in PROMPTS[:2]]
+    assert [[c.token_ids for c in row] for row in alone] == want[:2]
+    for prompt, row in zip(PROMPTS, batched):
+        ref = exact_logprobs(checkpoints[name], prompt, row[0].token_ids)
+        assert row[0].logprobs == pytest.approx(ref, abs=LOGPROB_ATOL)
+
+
+def test_melt_chunked_prefill_equals_melt_core_chunks(checkpoints, engines):
+    """eval.prefill_chunk C: the prompt in chunks of C cut back from its last token, as the native engine
+    computes it, whatever vLLM schedules; and not what token-by-token prefill gives."""
+    params = SamplingParams(max_new_tokens=16, greedy=True, stop_token_ids=STOP)
+    chunked = [[c.token_ids for c in row] for row in native(checkpoints["melt-elementwise"], PROMPTS, params, 4)]
+    got = [[c.token_ids for c in row] for row in engines("melt-elementwise", 4).generate(PROMPTS, params)]
+    assert got == chunked
+    exact = [[c.token_ids for c in row] for row in native(checkpoints["melt-elementwise"], PROMPTS, params)]
+    assert chunked != exact  # the setting matters on these prompts, so the equality above says something
+
+
+@pytest.mark.parametrize("name", ["ouro", "melt-elementwise"])
+def test_sixteen_samples_of_one_prompt_score_as_melt_core(name, checkpoints, engines):
+    """n = 16 samples sharing a prompt (the paper's AIME setting): every sample's tokens carry the
+    log-probabilities melt_core's exact forward gives them; the samples differ, and repeat with the seed."""
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1.0, n=16, seed=3, stop_token_ids=STOP)
+    prompt = PROMPTS[0]
+    samples = engines(name).generate([prompt, PROMPTS[2]], params, logprobs=True)[0]
+    assert len(samples) == 16 and len({tuple(s.token_ids) for s in samples}) > 1
+    for s in samples:
+        assert s.logprobs == pytest.approx(exact_logprobs(checkpoints[name], prompt, s.token_ids), abs=LOGPROB_ATOL)
+    again = engines(name).generate([prompt], params)[0]
+    assert [s.token_ids for s in again] == [s.token_ids for s in samples]
+
+
+@pytest.mark.parametrize("name", ["ouro", "melt-elementwise", "melt-ema"])
+def test_a_recomputed_sequence_continues_as_it_decoded(name, engines):
+    """What vLLM does to a preempted sequence: it frees its cache and later prefills prompt and tokens so
+    far as one prompt. MELT's prompt path computes those token by token, so the recomputed rows are the
+    decoded rows and the continuation is the same (with prefill_chunk C the recomputed tokens would be
+    chunked too: docs/CHOICES.md). Asserted directly, as vLLM 0.32 did not preempt at the smallest cache
+    it accepts here."""
+    params = SamplingParams(max_new_tokens=30, greedy=True)
+    full = engines(name).generate(PROMPTS[:3], params)
+    resumed = engines(name).generate([p + row[0].token_ids[:10] for p, row in zip(PROMPTS, full)],
+                                     SamplingParams(max_new_tokens=20, greedy=True))
+    assert [r[0].token_ids for r in resumed] == [row[0].token_ids[10:] for row in full]
+
+
+def test_a_melt_prompt_split_over_steps_is_refused(checkpoints):
+    """Chunked prefill (forced on, against engine_args) would split a prompt over steps: the model
+    refuses the step instead of computing rows that differ from melt_core's."""
+    args = engine_args(checkpoints["melt-elementwise"], dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20)
+    assert not args["enable_chunked_prefill"] and not args["enable_prefix_caching"]
+    with VllmEngine(checkpoints["melt-elementwise"], dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20,
+                    max_num_seqs=8, overrides=dict(enable_chunked_prefill=True, max_num_batched_tokens=16,
+                                   long_prefill_token_threshold=8)) as engine:
+        with pytest.raises(RuntimeError, match="prompt must be computed in one step"):
+            engine.generate([list(range(1, 41)), [1, 2]], SamplingParams(max_new_tokens=4, greedy=True))
+
+
+def test_melt_window_is_refused_by_name(tmp_path):
+    model = LoopedLM(ModelConfig(**SHAPE, model_type="melt", window=8))
+    path = ck.save_pretrained(model, tmp_path / "melt-window")
+    with pytest.raises(RuntimeError, match="sliding window"):
+        VllmEngine(path, dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20, log=open(os.devnull, "w"))
+
+
+def test_engine_args_for_ouro_keep_vllm_defaults(checkpoints):
+    args = engine_args(checkpoints["ouro"], max_model_len=256)
+    assert "enable_prefix_caching" not in args and args["hf_overrides"] == {"architectures": ["OuroForCausalLM"]}
+    assert args["trust_remote_code"] is False
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
+        engine_args(checkpoints["melt-mean"], prefill_chunk=0)
