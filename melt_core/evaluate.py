@@ -26,8 +26,8 @@ import torch
 from .config import ConfigError, ModelConfig
 from .data import DataError, load_tokenizer, prompt_ids, read_jsonl, stop_token_ids
 from .early_exit import ExitRule
-from .generate import SamplingParams, generate
-from .inference import ModelSpec, exit_rule, in_shard, load_model, model_kind
+from .generate import SamplingParams
+from .inference import ModelSpec, exit_rule, generate_with, in_shard, load_model, model_kind
 from .metrics import extract_answer, pass_at_k
 from .tracking import NullLogger, stamp
 
@@ -109,15 +109,14 @@ def evaluate(model_spec: ModelSpec, task: TaskSpec, out_path: str | Path, seed: 
     torch.manual_seed(seed)
     golds = [next(m["content"] for m in r["messages"] if m["role"] == "assistant") for r in records]
     prompts = [prompt_ids(r, tokenizer, task.template) for r in records]
-    max_new = min(task.max_new_tokens, model.config.max_position_embeddings - max(map(len, prompts)))
+    max_new = min(task.max_new_tokens, (getattr(model, "max_model_len", None) or model.config.max_position_embeddings)
+                  - max(map(len, prompts)))
     params = SamplingParams(max_new_tokens=max_new, greedy=task.greedy, temperature=task.temperature,
                             top_p=task.top_p, n=task.samples, seed=seed,
                             stop_token_ids=stop_token_ids(tokenizer))
     t0 = time.perf_counter()
-    outs = generate(model, prompts, params, cache_mode=model_spec.cache_mode, keep_prompt=model_spec.keep_prompt,
-                    prefill_chunk=model_spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size,
-                    memory_budget_bytes=model_spec.memory_budget_bytes, batching=model_spec.batching,
-                    exit_rule=task_exit_rule(model, model_spec, task))
+    outs = generate_with(model, prompts, params, model_spec, tokenizer, batch_size,
+                         task_exit_rule(model, model_spec, task))
     seconds = time.perf_counter() - t0
     details = []
     for rec, gold, samples in zip(records, golds, outs):

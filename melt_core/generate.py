@@ -217,7 +217,7 @@ class _Row:
     def completion(self, tokenizer) -> Completion:
         tokens, text = self.tokens, self.text
         if text is not None:
-            tokens = _trim_to_text(tokens, text, tokenizer)
+            tokens = trim_to_text(tokens, text, tokenizer)
         elif tokenizer is not None:
             text = tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(tokens, self.reason, text, self.loops[:len(tokens)])
@@ -365,7 +365,7 @@ class _Decoder:
         return positions
 
 
-def _trim_to_text(tokens: list[int], text: str, tokenizer) -> list[int]:
+def trim_to_text(tokens: list[int], text: str, tokenizer) -> list[int]:
     """The shortest token prefix whose decoding covers ``text`` (the stop string excluded); a
     binary search, since a longer prefix never decodes shorter."""
     lo, hi = 0, len(tokens)

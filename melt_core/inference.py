@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, load_pretrained
+from .checkpoint import CheckpointError, load_pretrained, read_config
 from .config import ConfigError
 from .dense import DenseLM, checkpoint_kind
 from .early_exit import ExitRule
+from .generate import Completion, SamplingParams, generate, trim_to_text
 
 
 @dataclass
@@ -32,6 +33,8 @@ class ModelSpec:
     memory_budget_gb: float | None = None  # batches sized to fit it (generate.plan_batch); None: as given
     batching: str = "continuous"  # or "static" (generate())
     exit: dict[str, Any] | None = None  # early-exit rule (melt_core/early_exit.py); None: every loop
+    engine: str = "native"  # native (melt_core.generate) | vllm (melt_core.serving, where it can serve the model)
+    vllm: dict[str, Any] | None = None  # vLLM's settings (config eval.vllm): kv_cache_gb, max_num_seqs, ...
 
     @property
     def memory_budget_bytes(self) -> int | None:
@@ -91,6 +94,62 @@ def resolve_memory_budget(setting: float | None, device: str, model) -> float:
         free, _ = torch.cuda.mem_get_info()
         return (free + sum(t.numel() * t.element_size() for t in model.parameters())) / 1e9
     return CPU_MEMORY_BUDGET_GB
+
+
+def vllm_refusal(spec: ModelSpec, exit_rule_: ExitRule | None = None) -> str | None:
+    """Why vLLM cannot run this model as the eval asks (None: it can). vLLM runs Ouro with its per-loop
+    cache, MELT with its shared one and dense checkpoints as vLLM's own models; what melt_core's caches
+    and loop alone express stays on the native engine."""
+    if spec.cache_mode != "default" or spec.keep_prompt:
+        return f"the untrained sharing cache {spec.cache_mode}{' + prompt' if spec.keep_prompt else ''} is melt_core's"
+    if spec.window:
+        return f"MELT's sliding window (W = {spec.window}) keeps per-loop rows that vLLM's cache cannot hold"
+    if model_kind(spec) == "melt":
+        cfg = read_config(spec.path)
+        if cfg.is_melt and cfg.window:
+            return f"MELT's sliding window (W = {cfg.window}) keeps per-loop rows that vLLM's cache cannot hold"
+        if exit_rule_ is not None and exit_rule_.stops_early(cfg.total_ut_steps):
+            return f"early exit ({exit_rule_.label()}) stops tokens between loops; vLLM runs every loop"
+    return None
+
+
+def start_engine(spec: ModelSpec, max_model_len: int, seed: int = 0, dtype: str = "auto", log=None):
+    """A vLLM engine for ``spec`` (melt_core.serving.VllmEngine) with the eval's vLLM settings; one per
+    model and job, shared by its tasks (the job closes it)."""
+    from .serving import VllmEngine
+
+    opts = dict(spec.vllm or {})
+    gb = opts.pop("kv_cache_gb", 2.0)
+    opts.pop("max_prompt_tokens", None)  # the caller's max_model_len has it
+    return VllmEngine(spec.path, log=log, prefill_chunk=spec.prefill_chunk if model_kind(spec) == "melt"
+                      and read_config(spec.path).is_melt else None, dtype=dtype, seed=seed,
+                      max_model_len=max_model_len, kv_cache_bytes=int(gb * 2**30), **opts)
+
+
+def generate_with(model, prompts, params: SamplingParams, spec: ModelSpec, tokenizer, batch_size: int,
+                  exit_rule_: ExitRule | None = None) -> list[list[Completion]]:
+    """Completions from the model a job holds, as generate() returns them: melt_core's engine on a
+    loaded model, or a vLLM engine's (start_engine) with text, stop strings and loops filled in the same
+    way (vLLM runs every loop of every token)."""
+    from .serving import VllmEngine
+
+    if not isinstance(model, VllmEngine):
+        return generate(model, prompts, params, cache_mode=spec.cache_mode, keep_prompt=spec.keep_prompt,
+                        prefill_chunk=spec.prefill_chunk, tokenizer=tokenizer, batch_size=batch_size,
+                        memory_budget_bytes=spec.memory_budget_bytes, batching=spec.batching, exit_rule=exit_rule_)
+    if exit_rule_ is not None:
+        raise ConfigError(f"model {spec.name!r}: {vllm_refusal(spec, exit_rule_)}")
+    outs = model.generate(prompts, params)
+    for row in outs:
+        for c in row:
+            text = tokenizer.decode(c.token_ids, skip_special_tokens=True) if tokenizer is not None else None
+            hits = [text.find(s) for s in params.stop_strings if text is not None and s in text]
+            if hits:  # cut before the first stop string, as generate() does
+                text = text[:min(hits)]
+                c.token_ids = trim_to_text(c.token_ids, text, tokenizer)
+                c.finish_reason = "stop"
+            c.text, c.loops = text, [model.num_loops] * len(c.token_ids)
+    return outs
 
 
 def load_model(spec: ModelSpec, device: str = "cpu", dtype: torch.dtype | None = None):

@@ -56,8 +56,8 @@ from .config import ConfigError
 from .data import load_tokenizer, prompt_text, stop_token_ids
 from .early_exit import ExitRule
 from .evaluate import TaskSpec, prepare, task_exit_rule, write_result
-from .generate import SamplingParams, generate
-from .inference import ModelSpec, load_model
+from .generate import SamplingParams
+from .inference import ModelSpec, generate_with, load_model
 from .lighteval_tasks import builtin_task_configs, sample_correct, task_config, task_rows, tasks_module
 from .tracking import NullLogger, stamp
 
@@ -98,7 +98,8 @@ def melt_model_config(spec: ModelSpec, **kw) -> MeltModelConfig:
 
 class MeltLightevalModel(LightevalModel):
     def __init__(self, config: MeltModelConfig, model=None):
-        """``model``: the checkpoint of ``config.spec`` already loaded (else it is loaded here)."""
+        """``model``: the checkpoint of ``config.spec`` already loaded, or a vLLM engine serving it
+        (melt_core.inference.start_engine); else it is loaded here."""
         self.config = config
         self.model = model if model is not None else load_model(config.spec, device=config.device)
         self._tokenizer = load_tokenizer(config.spec.path)
@@ -115,7 +116,7 @@ class MeltLightevalModel(LightevalModel):
 
     @property
     def max_length(self) -> int:
-        return self.model.config.max_position_embeddings
+        return getattr(self.model, "max_model_len", None) or self.model.config.max_position_embeddings
 
     def prompt(self, doc: Doc) -> str:
         """The text the model completes: the doc's messages (our tasks), or the messages lighteval's
@@ -151,11 +152,10 @@ class MeltLightevalModel(LightevalModel):
         responses: list[ModelResponse | None] = [None] * len(docs)
         spec = self.config.spec
         rule = None if spec.exit is None else ExitRule.from_dict(spec.exit)
+        rule = rule if rule is not None and rule.stops_early(self.model.num_loops) else None
         for params, idx in groups.items():
-            outs = generate(self.model, [prompts[i] for i in idx], params, cache_mode=spec.cache_mode,
-                            keep_prompt=spec.keep_prompt, prefill_chunk=spec.prefill_chunk,
-                            tokenizer=self._tokenizer, batch_size=self.config.batch_size,
-                            memory_budget_bytes=spec.memory_budget_bytes, batching=spec.batching, exit_rule=rule)
+            outs = generate_with(self.model, [prompts[i] for i in idx], params, spec, self._tokenizer,
+                                 self.config.batch_size, rule)
             for i, samples in zip(idx, outs):
                 self.loops[texts[i]] = [sum(o.loops or []) for o in samples]
                 responses[i] = ModelResponse(input=texts[i], input_tokens=prompts[i], text=[o.text for o in samples],

@@ -45,6 +45,8 @@ def engine_args(checkpoint: str | Path, *, prefill_chunk: int | None = None, dty
     args = dict(model=str(checkpoint), tokenizer=str(tokenizer or checkpoint), skip_tokenizer_init=not has_tokenizer,
                 dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, trust_remote_code=False,
                 enforce_eager=not cuda_graphs)
+    if cuda_graphs:  # whole decode steps captured (Ouro/MELT have no torch.compile regions to split at)
+        args["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
     args["kv_cache_memory_bytes"] = int(kv_cache_bytes)
@@ -81,6 +83,10 @@ class VllmEngine:
 
     def __init__(self, checkpoint: str | Path, log=None, **engine_kwargs):
         self.engine = engine_args(checkpoint, **engine_kwargs)
+        config = json.loads((Path(checkpoint) / "config.json").read_text())
+        self.num_loops = int(config.get("total_ut_steps", 1))  # every token runs every loop here
+        self.max_model_len = engine_kwargs.get("max_model_len") or config.get("max_position_embeddings")
+        self.config = None  # not a melt_core model: no exit defaults to read
         # the engine in the worker's own process (one process to start, not two);
         # its threads not pinned to cores the caller may be using (a user's setting is kept)
         env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

@@ -133,6 +133,8 @@ class LoopedForCausalLM(nn.Module):
         if not meta:  # vLLM's profiling and warm-up runs: no sequences
             return []
         meta = meta[self.attn[0].layer_name] if isinstance(meta, dict) else meta
+        if meta.max_query_len <= 1:  # a decode step: no prompt (and no device sync, so CUDA graphs capture it)
+            return []
         starts = meta.query_start_loc.tolist()
         seq_lens = meta.seq_lens.tolist()
         out = []

@@ -69,7 +69,8 @@ def test_rehearsal_changes_only_sizes_and_sources():
 
 
 # what the CPU overlay (config/rehearsal_cpu.yaml, which CI runs) may change beyond that: the hardware
-HARDWARE = [r"train\.device", r"eval\.(device|dtype)", r"launcher\.(gpus_per_node|cpus_per_task|partition|mem_gb)"]
+HARDWARE = [r"train\.device", r"eval\.(device|dtype)", r"eval\.vllm\.(kv_cache_gb|max_num_seqs|cuda_graphs)",
+            r"launcher\.(gpus_per_node|cpus_per_task|partition|mem_gb)"]
 
 
 def test_the_cpu_overlay_changes_only_the_hardware():

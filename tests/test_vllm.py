@@ -173,3 +173,44 @@ def test_engine_args_for_ouro_keep_vllm_defaults(checkpoints):
     assert args["trust_remote_code"] is False
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
         engine_args(checkpoints["melt-mean"], prefill_chunk=0)
+
+
+@pytest.fixture(scope="module")
+def task_models(tmp_path_factory):
+    """A tokenizer and test split of the embedded task, an Ouro teacher with head dim 32 on it, and its
+    MELT conversion: checkpoint directories as the workflow writes them."""
+    from melt_core.checkpoint import convert_ouro_to_melt
+    from melt_core.data import load_tokenizer, make_digit_sum_task
+
+    root = tmp_path_factory.mktemp("vllm-eval")
+    paths = make_digit_sum_task(root / "data", digits=4, n_train=16, n_test=8, seed=0)
+    tok = load_tokenizer(paths["tokenizer"])
+    torch.manual_seed(0)
+    model = LoopedLM(ModelConfig(**{**SHAPE, "vocab_size": len(tok)}, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.3)
+    ouro = ck.save_pretrained(model, root / "ouro", write_extra=tok.save_pretrained)
+    melt = convert_ouro_to_melt(ouro, root / "melt", gate="elementwise", gate_init_std=0.3, seed=0)
+    return paths, {"ouro": ouro, "melt": melt}
+
+
+@pytest.mark.parametrize("kind", ["ouro", "melt"])
+def test_the_eval_route_through_vllm_scores_as_the_native_engine(kind, task_models, tmp_path):
+    """eval.engine: vllm through lighteval's pipeline, as the workflow's eval jobs run it: the same
+    completions and scores as the native engine (greedy), the engine recorded in the result."""
+    from melt_core.evaluate import TaskSpec
+    from melt_core.inference import ModelSpec, start_engine
+    from melt_core.lighteval_adapter import evaluate_lighteval
+
+    paths, models = task_models
+    task = TaskSpec(name="digit_sum", path=str(paths["test"]), greedy=True, samples=1, max_new_tokens=12)
+    native_spec = ModelSpec(name=kind, path=str(models[kind]))
+    want = evaluate_lighteval(native_spec, task, tmp_path / "native.json")
+    spec = ModelSpec(name=kind, path=str(models[kind]), engine="vllm", vllm={"kv_cache_gb": 0.0625})
+    with start_engine(spec, max_model_len=128, dtype="float32") as engine:
+        got = evaluate_lighteval(spec, task, tmp_path / "vllm.json", model=engine)
+    assert got["model"]["engine"] == "vllm" and want["model"]["engine"] == "native"
+    assert [d["completions"] for d in got["details"]] == [d["completions"] for d in want["details"]]
+    assert got["metrics"] == want["metrics"]
+    assert {t for d in got["details"] for t in d["generated_tokens"]} != {0}

@@ -205,7 +205,8 @@ def _save_tensors(arrays: dict[str, np.ndarray], path: Path) -> None:
 
 
 def ouro_checkpoint(out: Path, tok, seed: int = 0) -> None:
-    """Ouro's config.json keys at a tiny size, bf16 weights under Ouro's state-dict names."""
+    """Ouro's config.json keys at a tiny size, bf16 weights under Ouro's state-dict names. Head dim 32:
+    the smallest vLLM's CPU attention takes (the rehearsal's evals run in vLLM, eval.engine)."""
     from melt_core.checkpoint import expected_shapes
     from melt_core.config import ModelConfig
 
@@ -214,7 +215,7 @@ def ouro_checkpoint(out: Path, tok, seed: int = 0) -> None:
         "pad_token_id": 0, "dtype": "bfloat16", "early_exit_threshold": 1.0, "hidden_act": "silu",
         "hidden_size": 64, "initializer_range": 0.02, "intermediate_size": 128,
         "layer_types": ["full_attention"] * 2, "max_position_embeddings": MAX_POSITIONS, "max_window_layers": 28,
-        "model_type": "ouro", "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 4,
+        "model_type": "ouro", "num_attention_heads": 2, "num_hidden_layers": 2, "num_key_value_heads": 2,
         "rms_norm_eps": 1e-6, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
         "tie_word_embeddings": False, "total_ut_steps": 4, "use_cache": True, "use_sliding_window": False,
         "vocab_size": len(tok)}
@@ -234,12 +235,13 @@ def ouro_checkpoint(out: Path, tok, seed: int = 0) -> None:
 
 
 def dense_checkpoint(out: Path, tok, seed: int = 1) -> None:
-    """A tiny Qwen3 (tied embeddings, GQA, as Qwen3-1.7B) in transformers' own format."""
+    """A tiny Qwen3 (tied embeddings, GQA, as Qwen3-1.7B) in transformers' own format; head dim 32, as
+    vLLM's CPU attention needs."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                       max_position_embeddings=MAX_POSITIONS, bos_token_id=0, eos_token_id=0, pad_token_id=0,
                       tie_word_embeddings=True, dtype="bfloat16")
     with torch.device("meta"):

@@ -292,8 +292,8 @@ def eval_params(tasks, models):
     return dict(
         tasks=tasks,
         models=lambda wc: {m: eval_member(m) for m in models(wc)},
-        **{k: config["eval"][k] for k in ("backend", "device", "dtype", "seed", "batch_size", "memory_budget_gb",
-                                          "batching", "exit")},  # exit: a task's own `exit` goes over it
+        **{k: config["eval"][k] for k in ("backend", "engine", "vllm", "device", "dtype", "seed", "batch_size",
+                                          "memory_budget_gb", "batching", "exit")},  # exit: a task's own goes over it
         template=config["train"]["template"],
     )
 

@@ -26,7 +26,8 @@ sweep = sm.params.sweep
 with rule_context(sm, "early_exit") as log:
     (task_name, task_cfg), = sm.params.tasks.items()
     (model_id, member), = sm.params.models.items()
-    spec, model, device, run = load_eval_model(sm, log, task_cfg, model_id, member)  # each rule sets its exit
+    # each rule sets its exit; real early exit is melt_core's engine (vLLM runs every loop of every token)
+    spec, model, device, run = load_eval_model(sm, log, task_cfg, model_id, member, engine="native")
     limit = sweep["limit"] or task_cfg.get("limit")  # the sweep's, else the task's own (if it has one)
     task = TaskSpec(name=task_name, template=sm.params.template, **{**task_cfg, "limit": limit})
     rules = [ExitRule.from_dict(r) for r in sweep["rules"]]  # refused here, before any decoding

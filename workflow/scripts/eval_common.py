@@ -1,10 +1,24 @@
 """What the eval and early_exit rules share: the model a model id names, loaded on the job's
 device with its cache mode, and the backend that evaluates it."""
 
+import json
+from pathlib import Path
+
 from model_id import ModelId
 
+from melt_core.checkpoint import read_config
 from melt_core.evaluate import evaluate
-from melt_core.inference import ModelSpec, load_model, resolve_device, resolve_dtype, resolve_memory_budget
+from melt_core.inference import (
+    ModelSpec,
+    exit_rule,
+    load_model,
+    model_kind,
+    resolve_device,
+    resolve_dtype,
+    resolve_memory_budget,
+    start_engine,
+    vllm_refusal,
+)
 from melt_core.lighteval_adapter import evaluate_lighteval
 
 
@@ -14,23 +28,46 @@ def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=
     prefill, window and MLflow tags (common.smk eval_member, in the rules' ``models`` param);
     ``model``: the one an earlier task of the same job loaded for this id, reused."""
     spec = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
-                     window=member["window"], batching=sm.params.batching, **spec_kw)
+                     window=member["window"], batching=sm.params.batching,
+                     **{"engine": sm.params.engine, "vllm": sm.params.vllm, **spec_kw})
     parsed = ModelId.parse(model_id)
     if parsed.kind == "sharing":
         spec.cache_mode, spec.keep_prompt = parsed.sharing_cache
     device = resolve_device(sm.params.device)
     dtype = resolve_dtype(sm.params.dtype, device)
+    if spec.engine == "vllm":
+        config = read_config(spec.path) if model_kind(spec) == "melt" else None
+        refusal = vllm_refusal(spec, exit_rule(spec, task_cfg.get("exit"), config))
+        if refusal:  # README: what stays on the native engine, and why
+            print(f"{model_id}: evaluated on the native engine, not vLLM: {refusal}")
+            spec.engine = "native"
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
                     "prefill_chunk": spec.prefill_chunk, "window": spec.window, "batching": spec.batching,
-                    "backend": sm.params.backend,
+                    "backend": sm.params.backend, "engine": spec.engine,
                     "device": device,
                     "dtype": str(dtype).removeprefix("torch.")})
-    model = load_model(spec, device, dtype) if model is None else model
-    spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
-    log.log_params({"memory_budget_gb": spec.memory_budget_gb})
+    log.set_tags({"engine": spec.engine})
+    if spec.engine == "vllm":
+        if model is None:
+            model = start_engine(spec, max_model_len(sm, spec), seed=sm.params.seed,
+                                 dtype=str(dtype).removeprefix("torch."))
+            print(f"{model_id}: vLLM engine started in {model.start_seconds:.1f} s")
+        log.log_params({"vllm": spec.vllm})
+    else:
+        model = load_model(spec, device, dtype) if model is None else model
+        spec.memory_budget_gb = resolve_memory_budget(sm.params.memory_budget_gb, device, model)
+        log.log_params({"memory_budget_gb": spec.memory_budget_gb})
     run = evaluate_lighteval if sm.params.backend == "lighteval" else evaluate
     link_training_run(sm, log, task_cfg, member)
     return spec, model, device, run
+
+
+def max_model_len(sm, spec: ModelSpec) -> int:
+    """The longest sequence a vLLM engine must hold for the job's tasks: the largest new-token budget
+    plus eval.vllm.max_prompt_tokens, within the model's positions."""
+    positions = json.loads((Path(spec.path) / "config.json").read_text()).get("max_position_embeddings", 1 << 30)
+    budget = max(int(t.get("max_new_tokens", 32768)) for t in sm.params.tasks.values())
+    return min(positions, budget + int((spec.vllm or {}).get("max_prompt_tokens", 4096)))
 
 
 def link_training_run(sm, log, task_cfg: dict, member: dict) -> None:

@@ -35,3 +35,5 @@ for m, (model_id, member) in enumerate(sm.params.models.items()):
                          model=model, device=device)
             log.log_artifact(out, "results")  # every question's prompt, completions and scores
             print(model_id, task_name, result["metrics"])
+    if hasattr(model, "close"):  # a vLLM engine: its worker ends with the model's tasks
+        model.close()
