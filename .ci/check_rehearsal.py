@@ -103,6 +103,26 @@ for name, r in sorted(last_run.items()):
     rule, stage = r.data.tags.get("rule"), r.data.tags.get("stage")
     if (rule not in local or is_training(r)) and not r.data.tags.get("slurm_job_id"):
         problems.append(f"MLflow run {name!r} (rule {rule}, stage {stage}) ran outside SLURM: no slurm_job_id tag")
+# Evals ran in the engine the config names (eval.engine): every eval run of a model vLLM can serve says
+# vLLM; only what README lists as native (the untrained sharing caches, a sliding window at inference)
+# may say native; and the teacher, a MELT run and the dense baseline each ran in vLLM at least once
+engine = cfg["eval"].get("engine", "native")
+sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+from model_id import ModelId  # noqa: E402
+
+evals = [r for r in last_run.values() if r.data.tags.get("stage") == "eval" and r.data.tags.get("rule") != "merge_eval"]
+served = set()
+for r in evals:
+    m = ModelId.parse(r.data.tags["model"])
+    native_ok = m.kind == "sharing" or m.window is not None
+    got = r.data.tags.get("engine")
+    if got != engine and not (native_ok and got == "native"):
+        problems.append(f"eval run {r.info.run_name!r} ran on engine {got!r}, not eval.engine {engine!r}")
+    if got == "vllm":
+        served.add(m.kind)
+if engine == "vllm" and not {"teacher", "trained", "dense"} <= served:
+    problems.append(f"vLLM served evals of {sorted(served)} only; the teacher, trained MELT and the dense "
+                    "baseline must each have run in it")
 # Training ran sharded over the ranks the launcher asks for, and changed the weights it trains
 launcher = cfg["launcher"]
 world = str(launcher["nodes"] * launcher["tasks_per_node"])

@@ -17,7 +17,9 @@ MELT-1.6B (at ``--shape real``; a CPU-sized shape of the same proportions otherw
   ``--memory-margin``); on CPU not measurable, and said so;
 * training: a few chunk-wise training steps at the shape (tok/s, peak memory) beside the FLOP
   roofline, parallel Ouro distillation beside it;
-* batching: continuous vs static on benchmarks/eval_throughput.py's skewed-length workload.
+* batching: continuous vs static on benchmarks/eval_throughput.py's skewed-length workload;
+* vLLM: the same workload in vLLM (melt_core/vllm_models.py) beside the native engine, at the same
+  memory, with its prefill alone (benchmarks/vllm_throughput.py; ``--no-vllm`` skips it).
 
 It writes ``<out>/gpu_acceptance.json`` and ``.md``; the JSON's ``plan_rates`` is what the cost
 plan reads with ``plan: {measured: <that json>}`` in place of its assumed rates.
@@ -42,6 +44,7 @@ from melt_core.shapes import SPEED_SHAPES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eval_throughput  # noqa: E402
+import vllm_throughput  # noqa: E402
 
 SETTINGS = {  # per shape: contexts, decode steps, prefill chunk, training (seq, batch, chunk), batching workload
     "real": dict(contexts=[4096, 32768], steps=8, prefill_chunk=500, train=(4096, 1, 500),
@@ -148,6 +151,17 @@ def batching_rows(ouro, melt, s: dict) -> list[dict]:
     return [{"section": "batching", **{k: v for k, v in r.items() if k != "lengths"}} for r in rows]
 
 
+def vllm_rows(ouro, melt, s: dict, dtype: str) -> list[dict]:
+    """vLLM beside the native engine on the batching workload (benchmarks/vllm_throughput.py): tok/s of
+    each, vLLM's prefill alone, at the same memory (vLLM's KV cache: the native budget less the weights)."""
+    w = s["workload"]
+    prompts = eval_throughput.workload(ouro.config.vocab_size, w["prompts"], w["prompt_len"])
+    budget = eval_throughput.default_budget(ouro, melt, prompts, w["max_new"], 2.5)
+    rows = vllm_throughput.compare({"Ouro": ouro, "MELT": melt}, prompts, w["samples"], w["max_new"], w["mean_new"],
+                                   budget, rounds=2, dtype=dtype, chunk=s["prefill_chunk"])
+    return [{"section": "vllm", **r} for r in rows]
+
+
 def plan_rates(rows: list[dict], world_gpus: int = 1) -> dict:
     """The measured rates in the plan's terms: decode tok/s of one sequence at the planned batch
     and the longest context (the plan multiplies by its own batch), training tok/s per GPU."""
@@ -184,6 +198,11 @@ def render(rows: list[dict], meta: dict) -> str:
                      f"{r['tok_s'] / r['limit_tok_s']:.3g} | {peak} |")
     lines += ["", "## Continuous vs static batching (eval_throughput's workload)", "",
               eval_throughput.table([r for r in rows if r["section"] == "batching"])]
+    served = [r for r in rows if r["section"] == "vllm"]
+    if served:
+        lines += ["", "## vLLM beside the native engine (the same workload and lengths, the same memory)", "",
+                  f"{served[0]['sequences']} sequences, {served[0]['memory_bytes'] / 1e9:.2f} GB each model "
+                  "(vLLM: its KV cache, the weights aside)", "", vllm_throughput.table(served)]
     return "\n".join(lines) + "\n"
 
 
@@ -194,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     p.add_argument("--batch-cap", type=int, default=16, help="the eval's batch_size: the planned batch's cap")
     p.add_argument("--memory-margin", type=float, default=0.25, help="the plan may exceed the peak by this share")
+    p.add_argument("--vllm", action=argparse.BooleanOptionalAction, default=True,
+                   help="also vLLM beside the native engine (needs the serving environment, .venv-vllm)")
     p.add_argument("--out", type=Path, default=Path("results/benchmarks/gpu_acceptance"))
     a = p.parse_args(argv)
     started = time.time()
@@ -208,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = decode_rows(models, cfgs, s, memory, bw, flops, a.batch_cap)
     rows += memory_rows(models, cfgs, s, memory, a.device, a.batch_cap, a.memory_margin)
     rows += batching_rows(ouro, melt, s)
+    if a.vllm:
+        rows += vllm_rows(ouro, melt, s, a.dtype)
     del models, melt, ouro
     if a.device == "cuda":
         torch.cuda.empty_cache()

@@ -113,11 +113,13 @@ def train_flops_per_token(student: ModelConfig, teacher: ModelConfig, seq_len: i
 
 
 def plan(config: dict, models: dict[str, str], phase_jobs: list[tuple[str, str, int]],
-         exit_models: dict[str, str] | None = None) -> tuple[list[Job], dict]:
+         exit_models: dict[str, str] | None = None, native_models: set[str] | frozenset = frozenset()
+         ) -> tuple[list[Job], dict]:
     """Jobs of the DAG with their costs. ``models``: each evaluated model id -> its family (``ouro``,
     ``melt`` or ``dense``: whose shape it is costed at); ``phase_jobs``: (gate, path, steps) of every
     phase job; ``exit_models``: the early-exit sweep's models, the same way (one job each, every
-    rule in turn, costed at every loop: an upper bound)."""
+    rule in turn, costed at every loop: an upper bound); ``native_models``: the evaluated models that
+    stay on the native engine under ``eval.engine: vllm`` (the sharing caches, a window at inference)."""
     a = {**ASSUMPTIONS, **(config.get("plan") or {})}
     if a.get("measured"):  # benchmarks/gpu_acceptance.py's JSON: measured rates replace the assumed ones
         rates = json.loads(Path(a["measured"]).read_text())["plan_rates"]
@@ -134,7 +136,8 @@ def plan(config: dict, models: dict[str, str], phase_jobs: list[tuple[str, str, 
                         limit_hours=tokens * flops / (a["peak_bf16_flops"] * gpus) / 3600))
     for model, family in models.items():
         for task, spec in config["eval"]["tasks"].items():
-            job = _decode_job("eval", model, family, task, spec, a["questions"].get(task), 1, config, a)
+            paged = config["eval"].get("engine") == "vllm" and model not in native_models
+            job = _decode_job("eval", model, family, task, spec, a["questions"].get(task), 1, config, a, paged)
             jobs += [job] if job else []
     sweep = config.get("early_exit") or {}
     for model, family in (exit_models or {}).items():
@@ -148,17 +151,28 @@ def plan(config: dict, models: dict[str, str], phase_jobs: list[tuple[str, str, 
 
 
 def _decode_job(stage: str, model: str, family: str, task: str, spec: dict, questions: int | None, passes: int,
-                config: dict, a: dict) -> Job | None:
+                config: dict, a: dict, paged: bool = False) -> Job | None:
     """One generation job: ``questions`` x samples x ``passes`` answers at the assumed length, in
-    the batch the memory allows; None where the benchmark's size is not known."""
+    the batch the memory allows; None where the benchmark's size is not known. Native engine: each
+    row holds a cache of prompt + max_new_tokens (melt_core's buffers are preallocated). ``paged``
+    (vLLM): memory for the tokens held, so the batch follows the mean tokens a running sequence holds
+    (prompt + half the mean answer; skewed lengths hold more), up to eval.vllm.max_num_seqs, in
+    eval.vllm.kv_cache_gb, as long as one whole sequence fits."""
     if questions is None:
         return None
     cfg = ModelConfig.from_name(a["shapes"][family])
     budget = a["gpu_memory_gb"] * 1e9 - weights_gb(cfg) * 1e9
     max_new = spec.get("max_new_tokens", 32768)
-    per_seq = cfg.kv_bytes(a["prompt_tokens"] + max_new, 2)
-    batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
     answer = a["mean_new_fraction"] * max_new
+    per_seq = cfg.kv_bytes(a["prompt_tokens"] + max_new, 2)
+    if paged:
+        vllm = config["eval"].get("vllm") or {}
+        budget = min(budget, vllm.get("kv_cache_gb", budget / 1e9) * 1e9)
+        held = cfg.kv_bytes(int(a["prompt_tokens"] + answer / 2), 2)
+        batch = 0 if per_seq > budget else min(vllm.get("max_num_seqs", 256), int(budget // held))
+        per_seq = held
+    else:
+        batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
     tokens = questions * spec.get("samples", 1) * passes * answer
     shards = spec.get("shards", 1) if stage == "eval" else 1
     hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600 / shards  # each shard's job
@@ -176,7 +190,7 @@ def _decode_job(stage: str, model: str, family: str, task: str, spec: dict, ques
     name = f"{model} {task}" + (f" x {passes} rules" if passes > 1 else "")
     name += f" ({shards} shards)" if shards > 1 else ""
     return Job(stage, name, tokens, 1, hours, weights_gb(cfg) + max(batch, 1) * per_seq / 1e9,
-               f"batch {batch}; {note}".strip("; "), count=shards, limit_hours=limit)
+               f"{'vLLM ' if paged else ''}batch {batch}; {note}".strip("; "), count=shards, limit_hours=limit)
 
 
 def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
@@ -186,7 +200,10 @@ def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
              "Estimates from the config and stated assumptions (melt_core/plan.py; override in `plan:`): "
              f"training at {assumptions['train_tok_s_per_gpu']:.0f} tokens/s per H100 ({source}), "
              f"decoding at {source} per-sequence rates {assumptions['decode_tok_s']} tok/s times the batch that fits "
-             f"in {assumptions['gpu_memory_gb']:.0f} GB, answers averaging {assumptions['mean_new_fraction']:.0%} of "
+             f"in {assumptions['gpu_memory_gb']:.0f} GB (native: a whole prompt + max_new_tokens cache a row; vLLM, "
+             "where the eval runs there: paged, the tokens a running sequence holds on average, prompt + half "
+             "the mean answer, within eval.vllm.kv_cache_gb and max_num_seqs), answers averaging "
+             f"{assumptions['mean_new_fraction']:.0%} of "
              "max_new_tokens. Beside each estimate, its limit: the wall-clock no GPU of "
              f"{assumptions['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM and {assumptions['peak_bf16_flops'] / 1e12:.0f} "
              "bf16 TFLOP/s can beat (decode: the weights every loop reads and the K/V rows every loop attends to; "

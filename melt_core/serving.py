@@ -42,7 +42,10 @@ def engine_args(checkpoint: str | Path, *, prefill_chunk: int | None = None, dty
     kind = model_type(checkpoint)
     has_tokenizer = tokenizer is not None or any((checkpoint / f).is_file() for f in
                                                   ("tokenizer.json", "tokenizer_config.json"))
-    args = dict(model=str(checkpoint), tokenizer=str(tokenizer or checkpoint), skip_tokenizer_init=not has_tokenizer,
+    # runner "generate": a config.json naming no architecture (a bare transformers save) is not taken for a
+    # pooling model
+    args = dict(model=str(checkpoint), runner="generate", tokenizer=str(tokenizer or checkpoint),
+                skip_tokenizer_init=not has_tokenizer,
                 dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, trust_remote_code=False,
                 enforce_eager=not cuda_graphs)
     if cuda_graphs:  # whole decode steps captured (Ouro/MELT have no torch.compile regions to split at)
@@ -110,16 +113,18 @@ class VllmEngine:
             raise RuntimeError(f"vLLM worker ({self.engine['model']}): {answer['error']}")
         return answer
 
-    def generate(self, prompts, params, logprobs: bool = False) -> list[list]:
+    def generate(self, prompts, params, logprobs: bool = False, max_new_tokens_each: list[int] | None = None
+                 ) -> list[list]:
         """Completions of each prompt (``params``: melt_core.generate.SamplingParams), as generate() returns
-        them; with ``logprobs`` each Completion also carries ``logprobs`` (of its tokens)."""
+        them; with ``logprobs`` each Completion also carries ``logprobs`` (of its tokens);
+        ``max_new_tokens_each``: a new-token budget per prompt over the params' (benchmarks fix lengths so)."""
         from .generate import Completion
 
         fields = dict(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                       n=params.n, greedy=params.greedy, stop_token_ids=list(params.stop_token_ids),
                       stop_strings=list(params.stop_strings), seed=params.seed)
         answer = self._ask({"op": "generate", "prompts": [list(map(int, p)) for p in prompts], "params": fields,
-                            "logprobs": logprobs})
+                            "logprobs": logprobs, "max_new_tokens_each": max_new_tokens_each})
         self.last_seconds = answer["seconds"]
         out = []
         for samples in answer["outputs"]:

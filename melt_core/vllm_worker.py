@@ -5,7 +5,7 @@ stderr, which the parent passes on to its log).
 
     {"op": "start", "engine": {...vllm.LLM keywords, from serving.engine_args...}}
     {"op": "generate", "prompts": [[ids], ...], "params": {...melt_core SamplingParams fields...},
-     "logprobs": false}
+     "logprobs": false, "max_new_tokens_each": null or [n, ...] (a budget per prompt, over the params')}
     {"op": "stop"}
 
 Each reply is {"ok": true, ...} or {"ok": false, "error": "<type>: <message>"}; the process ends on
@@ -21,7 +21,7 @@ import time
 import traceback
 
 
-def sampling(params: dict, prompt: list[int], logprobs: bool):
+def sampling(params: dict, prompt: list[int], logprobs: bool, max_new_tokens: int | None = None):
     """vLLM's SamplingParams for one prompt, as melt_core's generate() samples: greedy or temperature
     + top-p; n samples; stop on the given token ids (EOS among them, never implicitly) or strings;
     one seed per prompt drawn from (seed, prompt), so a prompt samples the same in any batch."""
@@ -32,7 +32,7 @@ def sampling(params: dict, prompt: list[int], logprobs: bool):
     greedy = params.get("greedy", False)
     return SamplingParams(
         n=params.get("n", 1), temperature=0.0 if greedy else params.get("temperature", 1.0),
-        top_p=1.0 if greedy else params.get("top_p", 1.0), max_tokens=params["max_new_tokens"],
+        top_p=1.0 if greedy else params.get("top_p", 1.0), max_tokens=max_new_tokens or params["max_new_tokens"],
         stop_token_ids=list(params.get("stop_token_ids", ())), stop=list(params.get("stop_strings", ())) or None,
         ignore_eos=True, seed=None if greedy else sample_seed(params.get("seed", 0), prompt, 0),
         logprobs=0 if logprobs else None, detokenize=bool(params.get("stop_strings")))
@@ -76,8 +76,10 @@ def main() -> None:
                 prompts = req["prompts"]
                 want = bool(req.get("logprobs"))
                 t0 = time.perf_counter()
+                budgets = req.get("max_new_tokens_each") or [None] * len(prompts)
                 results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                       [sampling(req["params"], p, want) for p in prompts], use_tqdm=False)
+                                       [sampling(req["params"], p, want, n) for p, n in zip(prompts, budgets)],
+                                       use_tqdm=False)
                 answer = {"outputs": [outputs(r, want) for r in results], "seconds": time.perf_counter() - t0}
             else:
                 raise ValueError(f"unknown op {req['op']!r}")

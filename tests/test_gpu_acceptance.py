@@ -1,7 +1,7 @@
 """Protects benchmarks/gpu_acceptance.py, the script a GPU day runs: every code path of it executes
 here at a tiny shape on CPU (decode at batch 1 and the planned batch, prefill, the memory plan,
-training steps, continuous vs static batching), each figure beside its roofline, and the cost
-plan reads its measured rates."""
+training steps, continuous vs static batching, vLLM beside the native engine), each figure beside its
+roofline, and the cost plan reads its measured rates."""
 
 import json
 import sys
@@ -43,8 +43,13 @@ def test_every_section_runs_and_stands_beside_its_limit(result):
     batching = [r for r in rows if r["section"] == "batching"]
     assert {(r["model"], r["batching"]) for r in batching} == {(m, b) for m in ("Ouro", "MELT")
                                                                for b in ("static", "continuous")}
+    served = [r for r in rows if r["section"] == "vllm"]
+    assert {(r["model"], r["engine"]) for r in served} == {(m, e) for m in ("Ouro", "MELT")
+                                                          for e in ("native", "vLLM", "vLLM prefill")}
+    assert all(r["tok_s"] > 0 and r["tokens"] > 0 for r in served)
     text = (out / "gpu_acceptance.md").read_text()
-    for heading in ("## Decode and prefill", "## Memory plan", "## Training steps", "## Continuous vs static"):
+    for heading in ("## Decode and prefill", "## Memory plan", "## Training steps", "## Continuous vs static",
+                    "## vLLM beside the native engine"):
         assert heading in text
     assert "not measurable on CPU" in text
 

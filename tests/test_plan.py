@@ -22,6 +22,7 @@ def unsharded_paper():
 
 def test_paper_plan_arithmetic_and_flags():
     cfg = unsharded_paper()
+    cfg["eval"]["engine"] = "native"
     jobs, a = plan(cfg, {"ouro": "ouro", "melt-elementwise__full": "melt"}, [("elementwise", "phase1", 500)])
     train = next(j for j in jobs if j.stage == "train")
     assert train.tokens == 500 * 32 * 10_000 and train.gpus == 8
@@ -36,6 +37,24 @@ def test_paper_plan_arithmetic_and_flags():
     assert "over the 24 h limit" in ouro.note
     text = render(jobs, a, cfg["name"])
     assert "| ouro aime24 |" in text and "GPU-hours" in text
+
+
+def test_vllm_evals_are_priced_by_the_tokens_held_and_the_sharing_caches_stay_native():
+    """eval.engine vllm (config/paper.yaml): paged KV holds each running sequence's tokens, on average the
+    prompt and half the mean answer (300 + 8,192 tokens): Ouro's 0.786 MB a token gives 8 sequences in
+    60 GB, MELT's quarter 35; a sharing baseline stays native, a whole 32K cache a row (2)."""
+    cfg = unsharded_paper()
+    assert cfg["eval"]["engine"] == "vllm" and cfg["eval"]["vllm"]["kv_cache_gb"] == 60
+    models = {"ouro": "ouro", "melt-elementwise__full": "melt", "ouro-last-loop": "ouro"}
+    jobs, _ = plan(cfg, models, [], native_models={"ouro-last-loop"})
+    aime = {j.name: j for j in jobs if j.name.endswith(" aime24")}
+    assert aime["ouro aime24"].note.startswith("vLLM batch 8")
+    assert aime["melt-elementwise__full aime24"].note.startswith("vLLM batch 35")
+    assert aime["ouro-last-loop aime24"].note.startswith("batch 2")
+    native, _ = plan({**cfg, "eval": {**cfg["eval"], "engine": "native"}}, models, [])
+    hours = {j.name: j.gpu_hours for j in native}
+    assert aime["ouro aime24"].gpu_hours == pytest.approx(hours["ouro aime24"] * 2 / 8)
+    assert aime["ouro-last-loop aime24"].gpu_hours == pytest.approx(hours["ouro-last-loop aime24"])
 
 
 def test_more_nodes_train_in_fewer_hours_at_the_same_gpu_hours():
@@ -53,13 +72,14 @@ def test_a_sequence_that_cannot_fit_is_flagged():
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
     cfg["eval"]["tasks"] = {"aime24": {"lighteval": "aime/aime24", "max_new_tokens": 200_000}}
     jobs, _ = plan(cfg, {"ouro": "ouro"}, [])
-    assert jobs[0].note.startswith("batch 0; DOES NOT FIT")
+    assert "batch 0; DOES NOT FIT" in jobs[0].note
 
 
 def test_shards_split_a_job_under_the_limit_at_the_same_cost():
     """The plan names the shards a job needs; with them, each shard's job fits the limit and the
     GPU-hours stay the same."""
     cfg = unsharded_paper()
+    cfg["eval"]["engine"] = "native"  # its 24 h overrun needs the native engine's batch of 2
     cfg["eval"]["tasks"] = {"aime24": cfg["eval"]["tasks"]["aime24"]}
     (whole,), _ = plan(cfg, {"ouro": "ouro"}, [])
     need = int(whole.note.rsplit("set shards: ", 1)[1])

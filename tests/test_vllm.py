@@ -8,6 +8,7 @@ have head dim 32: vLLM's CPU attention takes 32, 64, 80, ... only. Their weights
 changes tokens within a few steps (the breaks in tests/breaks.py show it).
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -214,3 +215,32 @@ def test_the_eval_route_through_vllm_scores_as_the_native_engine(kind, task_mode
     assert [d["completions"] for d in got["details"]] == [d["completions"] for d in want["details"]]
     assert got["metrics"] == want["metrics"]
     assert {t for d in got["details"] for t in d["generated_tokens"]} != {0}
+
+
+def test_the_dense_baseline_runs_as_vllm_own_qwen3(tmp_path):
+    """A Qwen3 checkpoint in transformers' format whose config.json names no architecture (as
+    workflow/rehearsal.py's and a bare save_pretrained write it) runs in vLLM's own Qwen3 and generates
+    what melt_core's dense wrapper (transformers' forward) generates."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from melt_core.dense import DenseLM
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.3)
+    model.save_pretrained(tmp_path / "qwen3")
+    config = json.loads((tmp_path / "qwen3/config.json").read_text())
+    config.pop("architectures")  # as a bare Qwen3Config.save_pretrained writes it
+    (tmp_path / "qwen3/config.json").write_text(json.dumps(config))
+    ck.write_checksums(tmp_path / "qwen3")
+    params = SamplingParams(max_new_tokens=16, greedy=True, stop_token_ids=STOP)
+    want = generate(DenseLM.from_pretrained(tmp_path / "qwen3"), PROMPTS, params, batch_size=len(PROMPTS))
+    with VllmEngine(tmp_path / "qwen3", dtype="float32", max_model_len=256, max_num_seqs=8,
+                    kv_cache_bytes=64 << 20) as engine:
+        got = engine.generate(PROMPTS, params)
+    assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in want]

@@ -10,7 +10,7 @@ from melt_core.plan import plan, render
 
 with rule_context(snakemake, "report") as log:
     jobs, assumptions = plan(snakemake.params.config, snakemake.params.models, snakemake.params.phase_jobs,
-                             snakemake.params.exit_models)
+                             snakemake.params.exit_models, set(snakemake.params.native_models))
     text = render(jobs, assumptions, snakemake.params.config["name"])
     out = Path(snakemake.output[0])
     tmp = out.with_suffix(".tmp")

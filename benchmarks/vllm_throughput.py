@@ -1,0 +1,142 @@
+"""vLLM against melt_core's native engine on an eval's workload, Ouro and MELT, at equal KV memory.
+
+The workload is benchmarks/eval_throughput.py's: prompts of mixed length, several samples each,
+completions of skewed (geometric) length as reasoning traces have, random weights of a real
+shape's proportions. The native engine draws the lengths (its stop-token hook); vLLM then
+generates exactly those lengths for the same (prompt, sample) pairs (per-request budgets, stop
+ignored), so both engines produce the same number of tokens of each sequence and tok/s compare like
+for like. Memory: the native engine plans its batches from eval_throughput's budget (MELT's weights +
+``--ouro-rows`` of Ouro's sequences: caches, refill caches, activations); vLLM gets the same budget,
+less the model's weights, as its paged KV cache (activations are outside it: vLLM is given a little
+more). The rounds interleave the four configurations, so a change of machine load hits all alike.
+
+    python benchmarks/vllm_throughput.py            # cpu-mid shape (head dim 64), 8 prompts x 4 samples, mean 192
+    python benchmarks/vllm_throughput.py --quick    # tiny shape (head dim 32), seconds
+
+Reports tok/s (median of the rounds, with the range), vLLM / native per model, and MELT / Ouro within
+each engine (the issue's goal: >= 2x at equal memory in vLLM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from eval_throughput import STOP, default_budget, stop_with_probability, workload  # noqa: I001
+
+from melt_core import ModelConfig, melt_from_ouro, save_pretrained
+from melt_core.generate import SamplingParams, generate
+from melt_core.profiler import build_random, save_benchmark
+from melt_core.serving import VllmEngine
+from melt_core.shapes import SPEED_SHAPES
+
+CHUNK = 64  # MELT's prompt chunk in both engines (eval_throughput's)
+
+
+def weights_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.parameters())
+
+
+def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, mean_new: float, budget: int,
+            rounds: int, dtype: str = "float32", chunk: int = CHUNK, log=None) -> list[dict]:
+    """Rows of tok/s per (model, engine), the engines taking turns each round; ``models``: name -> a
+    loaded Ouro or MELT model (random weights). vLLM replays the native run's lengths. Also vLLM's
+    prefill alone (one new token a sequence): prompt tok/s."""
+    params = SamplingParams(max_new_tokens=max_new, temperature=1.0, n=samples, seed=0, stop_token_ids=(STOP,))
+    max_len = max(map(len, prompts)) + max_new
+    each = [p for p in prompts for _ in range(samples)]
+    seconds: dict[tuple[str, str], list[float]] = {}
+    tokens: dict[str, int] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = {}
+        try:
+            for name, model in models.items():
+                path = save_pretrained(model, Path(tmp) / name)
+                engines[name] = VllmEngine(path, dtype=dtype, max_model_len=max_len, max_num_seqs=256,
+                                           kv_cache_bytes=budget - weights_bytes(model),
+                                           log=log or open(Path(tmp) / "log", "a"),
+                                           prefill_chunk=chunk if model.config.is_melt else None)
+            for _ in range(rounds):
+                for name, model in models.items():
+                    hook = stop_with_probability(model, 1 / mean_new)
+                    try:
+                        t0 = time.perf_counter()
+                        out = generate(model, prompts, params, prefill_chunk=chunk if model.config.is_melt else None,
+                                       memory_budget_bytes=budget)
+                        seconds.setdefault((name, "native"), []).append(time.perf_counter() - t0)
+                    finally:
+                        hook.remove()
+                    lengths = [len(s.token_ids) for row in out for s in row]
+                    tokens[name] = sum(lengths)
+                    one = SamplingParams(max_new_tokens=max_new, temperature=1.0, n=1, seed=0)
+                    t0 = time.perf_counter()
+                    got = engines[name].generate(each, one, max_new_tokens_each=lengths)
+                    seconds.setdefault((name, "vLLM"), []).append(time.perf_counter() - t0)
+                    if [len(r[0].token_ids) for r in got] != lengths:
+                        raise SystemExit(f"{name}: vLLM did not generate the native lengths")
+                    t0 = time.perf_counter()
+                    engines[name].generate(each, SamplingParams(max_new_tokens=1, greedy=True))
+                    seconds.setdefault((name, "vLLM prefill"), []).append(time.perf_counter() - t0)
+        finally:
+            for engine in engines.values():
+                engine.close()
+    rows = []
+    prompt_tokens = sum(map(len, each))
+    for (name, engine), secs in seconds.items():
+        n = prompt_tokens if engine == "vLLM prefill" else tokens[name]
+        rates = sorted(n / s for s in secs)
+        rows.append({"model": name, "engine": engine, "tokens": n, "rounds": len(secs), "sequences": len(each),
+                     "memory_bytes": budget, "seconds": round(statistics.median(secs), 2),
+                     "tok_s": round(statistics.median(rates), 1), "tok_s_min": round(rates[0], 1),
+                     "tok_s_max": round(rates[-1], 1)})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    by = {(r["model"], r["engine"]): r["tok_s"] for r in rows}
+    names = list(dict.fromkeys(r["model"] for r in rows))
+    lines = ["| model | engine | tokens | seconds (median) | tok/s (median) | tok/s range |",
+             "|---|---|---:|---:|---:|---|"]
+    lines += [f"| {r['model']} | {r['engine']} | {r['tokens']} | {r['seconds']:.2f} | {r['tok_s']:.1f} | "
+              f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f} |" for r in rows]
+    lines += ["", *(f"vLLM / native, {m}: {by[m, 'vLLM'] / by[m, 'native']:.2f}" for m in names)]
+    if len(names) == 2:
+        ouro, melt = names
+        lines += [f"{melt} / {ouro}, {e}: {by[melt, e] / by[ouro, e]:.2f}" for e in ("native", "vLLM")]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SPEED_SHAPES), default="cpu-mid")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--mean-new", type=float, default=192)
+    p.add_argument("--max-new", type=int, default=1024)
+    p.add_argument("--ouro-rows", type=float, default=2.5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", type=Path, default=Path("results/benchmarks/vllm_throughput"))
+    a = p.parse_args()
+    if a.quick:
+        a.shape, a.prompts, a.samples, a.prompt_len, a.mean_new, a.max_new, a.rounds = "tiny", 4, 3, 16, 24, 96, 2
+    ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES[a.shape]), torch.float32)
+    models = {"Ouro": ouro, "MELT": melt_from_ouro(ouro)}
+    prompts = workload(ouro.config.vocab_size, a.prompts, a.prompt_len)
+    budget = default_budget(ouro, models["MELT"], prompts, a.max_new, a.ouro_rows)
+    rows = compare(models, prompts, a.samples, a.max_new, a.mean_new, budget, a.rounds)
+    head = (f"shape {a.shape}, float32, CPU; memory {budget / 1e6:.0f} MB for each model (native: weights + caches "
+            f"+ activations; vLLM: its KV cache = that less the weights); {a.prompts} prompts of "
+            f"{a.prompt_len // 2}-{a.prompt_len} tokens x {a.samples} samples, lengths geometric "
+            f"(mean {a.mean_new:g}, cap {a.max_new}) drawn by the native run and replayed in vLLM; MELT prefill in "
+            f"chunks of {CHUNK} in both; {a.rounds} rounds interleaved; vLLM prefill: one new token a sequence")
+    save_benchmark(a.out, a.shape, rows, head + "\n\n" + table(rows))
+
+
+if __name__ == "__main__":
+    main()
