@@ -57,7 +57,9 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
             for name, model in models.items():
                 path = save_pretrained(model, Path(tmp) / name)
                 engines[name] = VllmEngine(path, dtype=dtype, max_model_len=max_len, max_num_seqs=256,
-                                           kv_cache_bytes=budget - weights_bytes(model),
+                                           # at least 4 MiB: vLLM's least (a whole sequence in 16-token
+                                           # blocks) is more than a tiny shape's budget leaves
+                                           kv_cache_bytes=max(budget - weights_bytes(model), 4 << 20),
                                            log=log or open(Path(tmp) / "log", "a"),
                                            prefill_chunk=chunk if model.config.is_melt else None)
             for _ in range(rounds):
