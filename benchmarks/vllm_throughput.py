@@ -30,15 +30,11 @@ from eval_throughput import STOP, default_budget, stop_with_probability, workloa
 
 from melt_core import ModelConfig, melt_from_ouro, save_pretrained
 from melt_core.generate import SamplingParams, generate
-from melt_core.profiler import build_random, save_benchmark
+from melt_core.profiler import build_random, save_benchmark, weight_bytes
 from melt_core.serving import VllmEngine
 from melt_core.shapes import SPEED_SHAPES
 
 CHUNK = 64  # MELT's prompt chunk in both engines (eval_throughput's)
-
-
-def weights_bytes(model) -> int:
-    return sum(t.numel() * t.element_size() for t in model.parameters())
 
 
 def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, mean_new: float, budget: int,
@@ -59,7 +55,7 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
                 engines[name] = VllmEngine(path, dtype=dtype, max_model_len=max_len, max_num_seqs=256,
                                            # at least 4 MiB: vLLM's least (a whole sequence in 16-token
                                            # blocks) is more than a tiny shape's budget leaves
-                                           kv_cache_bytes=max(budget - weights_bytes(model), 4 << 20),
+                                           kv_cache_bytes=max(budget - weight_bytes(model), 4 << 20),
                                            log=log or open(Path(tmp) / "log", "a"),
                                            prefill_chunk=chunk if model.config.is_melt else None)
             for _ in range(rounds):

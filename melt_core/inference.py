@@ -116,14 +116,13 @@ def vllm_refusal(spec: ModelSpec, exit_rule_: ExitRule | None = None) -> str | N
 def start_engine(spec: ModelSpec, max_model_len: int, seed: int = 0, dtype: str = "auto", log=None):
     """A vLLM engine for ``spec`` (melt_core.serving.VllmEngine) with the eval's vLLM settings; one per
     model and job, shared by its tasks (the job closes it)."""
-    from .serving import VllmEngine
+    from .serving import VllmEngine, model_type
 
     opts = dict(spec.vllm or {})
     gb = opts.pop("kv_cache_gb", 2.0)
     opts.pop("max_prompt_tokens", None)  # the caller's max_model_len has it
-    return VllmEngine(spec.path, log=log, prefill_chunk=spec.prefill_chunk if model_kind(spec) == "melt"
-                      and read_config(spec.path).is_melt else None, dtype=dtype, seed=seed,
-                      max_model_len=max_model_len, kv_cache_bytes=int(gb * 2**30), **opts)
+    return VllmEngine(spec.path, log=log, prefill_chunk=spec.prefill_chunk if model_type(spec.path) == "melt" else None,
+                      dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_bytes=int(gb * 2**30), **opts)
 
 
 def generate_with(model, prompts, params: SamplingParams, spec: ModelSpec, tokenizer, batch_size: int,

@@ -1,7 +1,7 @@
 """Serving a checkpoint with vLLM: the engine settings each model needs, in one place.
 
-Torch- and vLLM-free at import (the workflow reads ``engine_args`` while building jobs); vLLM is
-imported by ``start`` only, in the serving environment (envs/requirements-vllm-cpu.txt, or
+Torch- and vLLM-free at import (eval jobs and tests import it from .venv); vLLM runs only in
+``VllmEngine``'s worker process, in the serving environment (envs/requirements-vllm-cpu.txt, or
 envs/requirements-cuda.txt on GPU nodes). The models are melt_core's (melt_core/vllm_models.py,
 registered by melt_core/vllm_plugin.py).
 
