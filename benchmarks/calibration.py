@@ -11,8 +11,10 @@ almost never (~0.6% of cells), and no verdict that holds on one side and does no
     python benchmarks/calibration.py <(git show 7445239:docs/MEASURED.md) results/benchmarks/embedded_summary.md
     python benchmarks/calibration.py --rerun              # after the main job: rerun it perturbed, compare
 
---rerun trains everything again under a perturbation of everything trained (another teacher: its
-pretraining seed; other student seeds: the gates' init and the data order; the same questions), as
+--rerun trains everything again under a perturbation of everything trained (other training seeds 2
+and 3: the gates' init and the data order, and under `source.pretrain.per_seed` each seed's own
+teacher, pretrained with seeds 2 and 3; with one teacher for every seed, its pretraining seed 1; the
+same questions), as
 `snakemake all` of an overlay on config/default.yaml into results/calibration/, then compares its
 table with the finished main run's (`results/`, embedded_summary's table of each).
 
@@ -113,11 +115,20 @@ def render(r: dict, a_name: str, b_name: str) -> str:
 
 ROOT = Path(__file__).resolve().parents[1]
 # the perturbation --rerun applies: everything trained drawn again, the questions kept
-PERTURBED = {"seeds": [2, 3], "source": {"pretrain": {"seed": 1}}}
+SEEDS = [2, 3]
+
+
+def perturbation(default: Path) -> dict:
+    """The overlay's changes: other training seeds, and where one teacher serves every seed (no
+    source.pretrain.per_seed), another teacher; per seed, seeds 2 and 3 draw their own teachers."""
+    import yaml
+
+    pretrain = yaml.safe_load(default.read_text())["source"]["pretrain"]
+    return {"seeds": SEEDS} if pretrain.get("per_seed") else {"seeds": SEEDS, "source": {"pretrain": {"seed": 1}}}
 
 
 def rerun(base: Path, out: Path) -> tuple[Path, Path]:
-    """Run the embedded default again under PERTURBED into out/perturbed; each run's summary table."""
+    """Run the embedded default again under ``perturbation`` into out/perturbed; each run's summary table."""
     import subprocess
 
     import yaml
@@ -128,10 +139,11 @@ def rerun(base: Path, out: Path) -> tuple[Path, Path]:
     if not (base / "claims.md").is_file():
         raise SystemExit(f"{base}/claims.md: missing; run the main job first (snakemake --profile local all)")
     out.mkdir(parents=True, exist_ok=True)
-    layer = overlay(out, "perturbed", ROOT / "config" / "default.yaml", PERTURBED["seeds"],
-                    {"name": "embedded-calibration", **{k: v for k, v in PERTURBED.items() if k != "seeds"}})
+    change = perturbation(ROOT / "config" / "default.yaml")
+    layer = overlay(out, "perturbed", ROOT / "config" / "default.yaml", change["seeds"],
+                    {"name": "embedded-calibration", **{k: v for k, v in change.items() if k != "seeds"}})
     outdir = ROOT / yaml.safe_load(layer.read_text())["outdir"]
-    stamp(f"calibration: snakemake all under {PERTURBED} into {outdir} (log {out / 'perturbed.log'})")
+    stamp(f"calibration: snakemake all under {change} into {outdir} (log {out / 'perturbed.log'})")
     with open(out / "perturbed.log", "w") as log:
         done = subprocess.run([str(ROOT / ".venv/bin/snakemake"), "all", "--profile", "profiles/local",
                                "--configfile", str(layer)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)

@@ -201,7 +201,8 @@ def main() -> None:
     runs = {m: (overlay(a.out, m, a.config.resolve(), a.seeds), a.targets) for m in MACHINES}
     if a.control:
         runs |= {f"{m}-unpinned": (overlay(a.out, f"{m}-unpinned", a.config.resolve(), a.seeds,
-                                           {"cpu_numerics": {"pinned": False}}), ["pretrain_teacher"])
+                                           {"cpu_numerics": {"pinned": False},  # one teacher: rule target
+                                            "source": {"pretrain": {"per_seed": False}}}), ["pretrain_teacher"])
                  for m in MACHINES}
     walls = json.loads((a.out / "walls.json").read_text()) if a.report_only else run_machines(a.out, runs)
     (a.out / "walls.json").write_text(json.dumps(walls))

@@ -17,6 +17,10 @@ from model_id import ModelId, parse_run, run_id  # noqa: E402
     ("ouro", "teacher", "ouro", {}),
     ("ouro-first-loop", "sharing", "ouro", {"name": "first-loop"}),
     ("ouro-last-loop+prompt", "sharing", "ouro", {"name": "last-loop+prompt"}),
+    ("ouro-seed1", "teacher", "ouro", {"seed": 1}),  # training seed 1's own teacher (source.pretrain.per_seed)
+    ("ouro-first-loop-seed0", "sharing", "ouro",
+     {"name": "first-loop", "seed": 0, "sharing_cache": ("first-loop", False)}),
+    ("ouro-last-loop+prompt-seed3", "sharing", "ouro", {"name": "last-loop+prompt", "seed": 3}),
     ("dense-qwen3-1.7b", "dense", "dense", {"name": "qwen3-1.7b"}),
     ("melt-untrained", "untrained", "melt", {"seed": None}),
     ("melt-untrained-seed2", "untrained", "melt", {"seed": 2}),
@@ -48,8 +52,8 @@ def test_built_ids_and_their_parts():
         ["prefill-exact", "window-8", "window-34"]
 
 
-@pytest.mark.parametrize("bad", ["", "melt", "melt-elementwise", "ouro-", "dense-", "qwen3", "ouro-seed1",
-                                 "ouro-first-loop-seed0", "dense-x-seed1", "melt-a__b@chunk8", "melt-a__b@window-",
+@pytest.mark.parametrize("bad", ["", "melt", "melt-elementwise", "ouro-", "dense-", "qwen3", "ouro-seed01",
+                                 "ouro-seed1@window-3x", "dense-x-seed1", "melt-a__b@chunk8", "melt-a__b@window-",
                                  "melt-a__b-seed01", "melt-a__b__c", "melt-a__b@prefill-chunk0"])
 def test_malformed_ids_are_refused(bad):
     with pytest.raises(ValueError, match="model id|training seed|variant"):

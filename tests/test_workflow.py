@@ -251,6 +251,50 @@ def test_shared_phases_train_once(configfile, before, after):
     assert trained == after * len(cfg["seeds"])
 
 
+def _planned_blocks(r):
+    """Every job of a dry run's plan as {rule, input, output, wildcards} (the plan's own lines)."""
+    jobs = []
+    for line in r.stdout.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):", line)
+        if m:
+            jobs.append({"rule": m.group(1)})
+        m = re.match(r"^\s+(input|output|wildcards): (.*)$", line)
+        if m and jobs:
+            jobs[-1][m.group(1)] = m.group(2)
+    return jobs
+
+
+def test_each_seed_reruns_everything_trained_from_its_own_teacher(tmp_path):
+    """source.pretrain.per_seed (the embedded default): one teacher per training seed, and everything
+    of seed s (conversions, every phase, its eval job with the teacher and sharing baselines) reads seed
+    s's teacher and no other, so a seed is an independent rerun; without it, one teacher for all."""
+    plan = smk("-n", "all", "--configfile", "config/default.yaml", "--config", "outdir=/nonexistent/plan")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    jobs = _planned_blocks(plan)
+    seeds = yaml.safe_load((ROOT / "config/default.yaml").read_text())["seeds"]
+    teachers = {j["wildcards"]: j["output"] for j in jobs if j["rule"] == "pretrain_teacher"}
+    assert teachers == {f"seed={s}": f"/nonexistent/plan/checkpoints/seed{s}/ouro" for s in seeds}
+    checked = 0
+    for job in jobs:
+        seed = re.search(r"\bseed=(\d+)", job.get("wildcards", ""))
+        if job["rule"] not in ("convert", "phase", "eval_seed") or not seed:
+            continue
+        read = set(re.findall(r"checkpoints/seed(\d+)/ouro", job["input"]))
+        assert read == {seed.group(1)}, job
+        if job["rule"] == "eval_seed":
+            assert f"eval/ouro-seed{seed.group(1)}/" in job["output"] and "eval/ouro/" not in job["output"]
+            assert f"eval/ouro-first-loop-seed{seed.group(1)}/" in job["output"]
+        checked += 1
+    assert checked >= len(seeds) * 3
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump({"overlays": str(ROOT / "config/default.yaml"),
+                                                       "source": {"pretrain": {"per_seed": False}}}))
+    one = smk("-n", "all", "--configfile", str(tmp_path / "one.yaml"), "--config", "outdir=/nonexistent/plan")
+    assert one.returncode == 0, one.stdout + one.stderr
+    single = [j for j in _planned_blocks(one) if j["rule"] == "pretrain_teacher"]
+    assert [j["output"] for j in single] == ["/nonexistent/plan/checkpoints/ouro"]
+    assert any(j["rule"] == "eval_teacher" for j in _planned_blocks(one))
+
+
 def test_a_sharded_task_runs_as_shard_jobs_merged_into_the_unsharded_result(tmp_path):
     """eval.tasks.<t>.shards: n splits a task over n eval jobs and rule merge_eval joins them; the
     result equals the same task run in one job (same questions, completions and pass@k). The
@@ -264,12 +308,14 @@ def test_a_sharded_task_runs_as_shard_jobs_merged_into_the_unsharded_result(tmp_
     cfg["eval"]["tasks"] = {"whole": task, "split": dict(task, shards=3)}
     cfg["eval"]["group_models"] = False  # a model's own grouped job (rule eval_model), not its seed's
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    targets = [str(tmp_path / f"out/eval/ouro/{t}.json") for t in ("whole", "split")]
+    teacher = "ouro-seed0"  # seed 0's own teacher (source.pretrain.per_seed)
+    targets = [str(tmp_path / f"out/eval/{teacher}/{t}.json") for t in ("whole", "split")]
     plan = _planned_jobs(smk("-n", *targets, "--configfile", str(tmp_path / "c.yaml")))
     evals = sorted(w for rule, w in plan if rule == "eval")
-    assert [w for w in evals if "split" in w] == [f"model=ouro, task=split, shard=.shard-{i}-of-3" for i in range(3)]
-    assert ("merge_eval", "model=ouro, task=split") in plan
-    assert ("eval_model", "model=ouro") in plan and not [w for w in evals if "whole" in w]
+    assert [w for w in evals if "split" in w] == [f"model={teacher}, task=split, shard=.shard-{i}-of-3"
+                                                  for i in range(3)]
+    assert ("merge_eval", f"model={teacher}, task=split") in plan
+    assert ("eval_model", f"model={teacher}") in plan and not [w for w in evals if "whole" in w]
     r = smk(*targets, "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     whole, split = (json.loads(Path(t).read_text()) for t in targets)

@@ -32,6 +32,11 @@ SHAPES = config["profile"]["shapes"]
 # Training seeds: each seed converts (the gates' random init) and trains every run again, and every
 # such model is evaluated; tables report the mean over seeds with an interval over seeds and questions.
 SEEDS = config["seeds"]
+# source.pretrain.per_seed: each training seed pretrains its own teacher too (teacher seed =
+# source.pretrain.seed + the training seed), so a seed is an independent rerun of everything trained
+# and the tables' intervals cover how far a rerun moves a result; else one teacher for every seed
+PER_SEED_TEACHER = config["source"]["kind"] == "pretrain" and config["source"]["pretrain"].get("per_seed", False)
+TEACHER_SEEDS = SEEDS if PER_SEED_TEACHER else [None]
 
 
 def _check_names():
@@ -201,8 +206,19 @@ def model_window(model):
     return ModelId.parse(model).window
 
 
-# model ids: the teacher and its sharing baselines once; every MELT model once per training seed
-TEACHER_MODELS = [str(ModelId.teacher())] + [str(ModelId.sharing(s)) for s in SHARING]
+def teacher_models(seed=None):
+    """The teacher and its untrained sharing baselines: of one training seed's teacher (``seed`` may be
+    the wildcard ``{seed}``) where each seed pretrains its own, else of the one teacher (None)."""
+    return [str(ModelId.teacher(seed))] + [str(ModelId.sharing(s, seed)) for s in SHARING]
+
+
+def seed_eval_models(seed):
+    """What one training seed's eval job evaluates: its teacher's models too where it has its own."""
+    return (teacher_models(seed) if PER_SEED_TEACHER else []) + seed_models(seed)
+
+
+# model ids: the teacher and its sharing baselines once (or per seed); every MELT model once per seed
+TEACHER_MODELS = [m for s in TEACHER_SEEDS for m in teacher_models(s)]
 MODELS = (TEACHER_MODELS + [m for s in SEEDS for m in seed_models(s) if not ModelId.parse(m).variant]
           + main_variants() + [str(ModelId.dense(d)) for d in DENSE])
 
@@ -223,15 +239,25 @@ wildcard_constraints:
     seed=_one_of([str(s) for s in SEEDS]),
 
 
-def teacher_dir():
-    return f"{OUT}/checkpoints/ouro"
+def teacher_dir(seed=None):
+    """The teacher's checkpoint: training seed ``seed``'s own (source.pretrain.per_seed), else the one."""
+    return f"{OUT}/checkpoints/seed{seed}/ouro" if PER_SEED_TEACHER else f"{OUT}/checkpoints/ouro"
+
+
+def teacher_pretrain(seed=None):
+    """The pretraining settings of a training seed's teacher (its seed offset by the training seed)."""
+    spec = dict(config["source"].get("pretrain") or {})
+    spec.pop("per_seed", None)
+    if PER_SEED_TEACHER:
+        spec["seed"] = spec["seed"] + int(seed)
+    return spec
 
 
 def model_checkpoint(model):
     """Checkpoint directory behind a model id of MODELS (a variant evaluates its model's checkpoint)."""
     m = ModelId.parse(model)
     if m.family == "ouro":
-        return teacher_dir()
+        return teacher_dir(m.seed)
     if m.kind == "dense":
         return f"{OUT}/checkpoints/{m.checkpoint_id}"
     if m.kind == "untrained":
@@ -318,13 +344,14 @@ REPORT_SETTINGS = ("outdir", "name", "paper_version", "report", "main_run", "abl
 def report_settings():
     """The config the gather/table/figure/claims scripts read, passed as a rule param so a change
     to any of it reruns them (a script never reads snakemake.config: tests/test_rule_params.py)."""
-    return {**{k: config[k] for k in REPORT_SETTINGS}, "seeds": SEEDS,
+    return {**{k: config[k] for k in REPORT_SETTINGS}, "seeds": SEEDS, "per_seed_teacher": PER_SEED_TEACHER,
             "speed_shape": config["profile"]["speed_shape"], "template": config["train"]["template"]}
 
 
 def exit_models():
     """The early-exit sweep's model ids (rule early_exit); ``main`` is the main MELT run."""
-    return [trained_model(MAIN_RUN, SEEDS[0]) if m == "main" else m for m in config["early_exit"]["models"]]
+    first = {"main": trained_model(MAIN_RUN, SEEDS[0]), "ouro": str(ModelId.teacher(TEACHER_SEEDS[0]))}
+    return [first.get(m, m) for m in config["early_exit"]["models"]]
 
 
 EXIT_MODELS = exit_models()

@@ -5,7 +5,7 @@
 rule convert:
     """Ouro -> MELT: the teacher's weights plus freshly initialised gates of one variant."""
     input:
-        teacher_dir(),
+        lambda wc: teacher_dir(wc.seed),
     output:
         directory(init_dir("{gate}", "{seed}")),
     params:

@@ -67,9 +67,7 @@ if GROUPED_TASKS:
             "../scripts/evaluate.py"
 
 
-if GROUPED_MODELS:
-
-    ruleorder: eval_teacher > eval_seed > eval_model > eval
+if GROUPED_MODELS and not PER_SEED_TEACHER:
 
     rule eval_teacher:
         """The teacher and its untrained sharing baselines on every unsharded task, in one job."""
@@ -90,19 +88,28 @@ if GROUPED_MODELS:
         script:
             "../scripts/evaluate.py"
 
+
+if GROUPED_MODELS:
+
+    ruleorder: eval_seed > eval_model > eval
+
+    if not PER_SEED_TEACHER:
+
+        ruleorder: eval_teacher > eval_seed
+
     rule eval_seed:
-        """Every model of one training seed (converted, trained, the main run's variants) on every
-        unsharded task, in one job."""
+        """Every model of one training seed (converted, trained, the main run's variants; its own
+        teacher and sharing baselines with source.pretrain.per_seed) on every unsharded task, in one job."""
         input:
-            unpack(lambda wc: eval_inputs(*seed_models(wc.seed))),
+            unpack(lambda wc: eval_inputs(*seed_eval_models(wc.seed))),
         output:
-            [f"{OUT}/eval/{m}/{t}.json" for m in seed_models("{seed}") for t in GROUPED_TASKS],
+            [f"{OUT}/eval/{m}/{t}.json" for m in seed_eval_models("{seed}") for t in GROUPED_TASKS],
         params:
-            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: seed_models(wc.seed)),
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: seed_eval_models(wc.seed)),
             mlflow=mlflow_spec("eval"),
         threads: 1
         log:
-            [f"{OUT}/logs/eval-{m}/{t}.log" for m in seed_models("{seed}") for t in GROUPED_TASKS],
+            [f"{OUT}/logs/eval-{m}/{t}.log" for m in seed_eval_models("{seed}") for t in GROUPED_TASKS],
         benchmark:
             f"{OUT}/benchmarks/seed{{seed}}/eval.tsv"
         conda:
@@ -132,7 +139,7 @@ rule merge_eval:
 
 rule sharing_baselines:
     input:
-        expand(f"{OUT}/eval/ouro-{{s}}/{{task}}.json", s=SHARING, task=TASKS),
+        expand(f"{OUT}/eval/{{m}}/{{task}}.json", m=[m for m in TEACHER_MODELS if ModelId.parse(m).kind == "sharing"], task=TASKS),
 
 
 rule evals:

@@ -25,21 +25,27 @@ rule task_data:
 
 if config["source"]["kind"] == "pretrain":
 
+    _seed = "seed{seed}/" if PER_SEED_TEACHER else ""  # one teacher per training seed, or one
+
     rule pretrain_teacher:
-        """The embedded default's teacher: a tiny Ouro-architecture LoopLM pretrained on the synthetic task."""
+        """The embedded default's teacher: a tiny Ouro-architecture LoopLM pretrained on the synthetic task
+        (one per training seed with source.pretrain.per_seed)."""
         input:
             unpack(lambda wc: teacher_inputs()),
         output:
-            directory(teacher_dir()),
+            directory(teacher_dir("{seed}")),
         params:
-            pretrain=config["source"].get("pretrain"),
-            mlflow=mlflow_spec("source"),
-        threads: 2
+            pretrain=lambda wc: teacher_pretrain(getattr(wc, "seed", None)),
+            mlflow=lambda wc: mlflow_spec("source", **({"seed": wc.seed} if PER_SEED_TEACHER else {})),
+        # Two threads for one teacher; one each where every seed has its own, so two train side by side
+        # on two cores (one teacher's step on two threads is ~1.7x, not 2x, as fast as on one). The pins
+        # give the same bits at any thread count (docs/REPRODUCIBILITY.md)
+        threads: 1 if PER_SEED_TEACHER else 2
         priority: 10  # every training job waits for it; profiling (which does not) comes after
         log:
-            f"{OUT}/logs/pretrain_teacher.log",
+            f"{OUT}/logs/{_seed}pretrain_teacher.log",
         benchmark:
-            f"{OUT}/benchmarks/pretrain_teacher.tsv"
+            f"{OUT}/benchmarks/{_seed}pretrain_teacher.tsv"
         conda:
             "../../envs/melt.yaml"
         script:

@@ -12,7 +12,7 @@ rule phase:
     """Train one phase of a (gate, recipe path), continuing from the phase before it."""
     input:
         start=lambda wc: phase_start(wc.gate, wc.path, wc.seed),
-        teacher=teacher_dir(),
+        teacher=lambda wc: teacher_dir(wc.seed),
         data=lambda wc: train_records(),
     output:
         directory(f"{phase_dir('{gate}', '{path}', '{seed}')}/final"),

@@ -1,8 +1,9 @@
 """The model-id grammar: every id the workflow builds or reads is formatted and parsed here, and
 nowhere else (the Snakefile, the rule scripts and the report all go through ``ModelId``).
 
-    ouro                              the teacher (Ouro, downloaded or pretrained)
-    ouro-<sharing>                    Ouro with an untrained KV-sharing cache (Table 5), e.g.
+    ouro[-seed<s>]                    the teacher (Ouro, downloaded or pretrained; -seed<s>: the
+                                      teacher pretrained for training seed s, source.pretrain.per_seed)
+    ouro-<sharing>[-seed<s>]          Ouro with an untrained KV-sharing cache (Table 5), e.g.
                                       ``ouro-last-loop+prompt``
     dense-<name>                      a dense baseline, e.g. ``dense-qwen3-1.7b``
     melt-untrained[-seed<s>]          MELT as converted from Ouro, not trained
@@ -10,7 +11,8 @@ nowhere else (the Snakefile, the rule scripts and the report all go through ``Mo
     ...@<variant>                     the same checkpoint under another inference setting:
                                       ``@prefill-exact``, ``@prefill-chunk<C>``, ``@window-<W>``
 
-Without ``-seed<s>`` an id names a model across its training seeds (the tables' rows). A run id
+Without ``-seed<s>`` an id names a model across its training seeds (the tables' rows); a dense
+baseline has no seed. A run id
 (``<gate>__<recipe>``, without ``melt-``) names a training run: ``run_id`` / ``parse_run``.
 Torch-free: the Snakefile imports it while it builds the DAG.
 """
@@ -52,17 +54,17 @@ class ModelId:
     name: str = ""          # the sharing mode, or the dense baseline's name
     gate: str = ""          # trained runs
     recipe: str = ""
-    seed: int | None = None  # MELT models' training seed; None: across seeds (or none: Ouro, dense)
+    seed: int | None = None  # training seed (a per-seed teacher's too); None: across seeds, or one teacher
     variant: str = ""       # prefill-exact | prefill-chunk<C> | window-<W>; "" = as the config evaluates
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
-    def teacher(cls) -> ModelId:
-        return cls("teacher")
+    def teacher(cls, seed: int | None = None) -> ModelId:
+        return cls("teacher", seed=seed)
 
     @classmethod
-    def sharing(cls, mode: str) -> ModelId:
-        return cls("sharing", name=mode)
+    def sharing(cls, mode: str, seed: int | None = None) -> ModelId:
+        return cls("sharing", name=mode, seed=seed)
 
     @classmethod
     def dense(cls, name: str) -> ModelId:
@@ -108,8 +110,8 @@ class ModelId:
         else:
             raise ValueError(f"{text!r} is not a model id: it starts with none of ouro, ouro-<sharing>, "
                              f"dense-<name>, melt-untrained, melt-<gate>{_RUN_SEP}<recipe>")
-        if seed is not None and out.family != "melt":
-            raise ValueError(f"{text!r}: only MELT models carry a training seed")
+        if seed is not None and out.kind == "dense":
+            raise ValueError(f"{text!r}: a dense baseline carries no training seed")
         if variant and not _VARIANT.fullmatch(variant):
             raise ValueError(f"{text!r}: unknown variant @{variant} (prefill-exact, prefill-chunk<C>, window-<W>)")
         out = replace(out, seed=None if seed is None else int(seed), variant=variant)

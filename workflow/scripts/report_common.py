@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from model_id import ModelId
-from verdicts import interval
+from verdicts import Spread, interval, pooled_spread
 
 
 class Estimate:
@@ -56,16 +56,19 @@ class Results:
         self.seeds = config["seeds"]
         self._scores: dict[tuple[str, str, str], list[float] | None] = {}  # per-question scores by eval
         self._read: dict[tuple[str, str], list[dict] | None] = {}  # each eval's details, read once
+        self._spreads: dict[str, Spread | None] = {}
         self.long_column = config["report"]["long_column"]  # a column whose answers are long
         main = config["main_run"]
         self.main_model = self.run_model(main["gate"], main["recipe"])
 
-    def _rows(self, model: str, paper_column: str) -> pd.DataFrame | None:
+    def _rows(self, model: str | None, paper_column: str) -> pd.DataFrame | None:
+        """The evals rows of a model (None: every model) in a paper column."""
         spec = self.columns.get(paper_column)
         if spec is None:
             return None
         task, metric = spec.split("/")
-        return self.evals[(self.evals.model == model) & (self.evals.task == task) & (self.evals.metric == metric)]
+        hit = self.evals[(self.evals.task == task) & (self.evals.metric == metric)]
+        return hit if model is None else hit[hit.model == model]
 
     def score(self, model: str, paper_column: str) -> float | None:
         """Our score (percent) standing in for a paper benchmark column, the mean over the model's
@@ -85,7 +88,17 @@ class Results:
         scores = self.per_question(model, paper_column)
         if scores is None:
             return None
-        return Estimate(*interval(scores))
+        return Estimate(*interval(scores, spread=self.spread(paper_column)))
+
+    def spread(self, paper_column: str) -> Spread | None:
+        """How far a rerun moves a score in this column, pooled over every model evaluated in it
+        (verdicts.pooled_spread); None with one seed."""
+        if paper_column not in self._spreads:
+            hit = self._rows(None, paper_column)
+            models = sorted(hit.model.unique()) if hit is not None else []
+            self._spreads[paper_column] = pooled_spread(
+                x for x in (self.per_question(m, paper_column) for m in models) if x is not None)
+        return self._spreads[paper_column]
 
     def per_question(self, model: str, paper_column: str):
         """Per-question scores (percent) behind a paper column: each question's own value of the
@@ -137,7 +150,8 @@ class Results:
         """The longest reference answer (characters) of a column's task, read off the teacher's eval
         (every model is evaluated on the same questions)."""
         task = self.columns[paper_column].split("/")[0]
-        details = self._details("ouro", task) or []
+        teachers = sorted(self.evals[self.evals.model == "ouro"].model_id.unique())  # one, or one a seed
+        details = (self._details(teachers[0], task) if teachers else None) or []
         return max((len(str(d["gold"])) for d in details), default=0)
 
     def stand_in(self, paper_column: str) -> str | None:
