@@ -14,7 +14,8 @@ from breaks import BREAKS, ROOT
 def test_each_break_still_applies(brk):
     source = (ROOT / brk.path).read_text()
     assert source.count(brk.old) == 1, f"{brk.path}: the line of break {brk.name!r} moved; update tests/breaks.py"
-    ast.parse(source.replace(brk.old, brk.new, 1))
+    if brk.path.endswith(".py"):  # a rule file (.smk) is Snakemake's grammar, not Python's
+        ast.parse(source.replace(brk.old, brk.new, 1))
     for test in brk.tests:
         path, _, name = test.partition("::")
         assert (ROOT / path).is_file(), test

@@ -16,7 +16,7 @@ from helpers import rate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
 import claims  # noqa: E402
 from report_common import Results  # noqa: E402
-from verdicts import FAILS, HOLDS, INCONCLUSIVE  # noqa: E402
+from verdicts import FAILS, HOLDS, INCONCLUSIVE, pooled_spread  # noqa: E402
 
 
 @pytest.mark.parametrize("rounds,expected", [
@@ -106,6 +106,9 @@ class World(Results):
 
     def score(self, model, paper_column):
         return self.accuracy[model]
+
+    def spread(self, paper_column):  # pooled over every model, as Results pools a column's cells
+        return pooled_spread(self.per_question(m, paper_column) for m in self.accuracy)
 
     def main_variants(self, kind=""):
         return [v for v in (f"{self.main_model}@prefill-chunk16", f"{self.main_model}@window-34") if kind in v]

@@ -1,7 +1,8 @@
 """Rule claims: the paper's claims (docs/METHOD.md sections 5-6), the evidence from our own runs,
-and a verdict each. Accuracy claims are judged on per-question scores with paired bootstrap
-intervals (verdicts.py): holds, does not hold, inconclusive, or not measurable (and why);
-measurements that are exact (bytes of a cache) are judged exactly."""
+and a verdict each. Accuracy claims are judged on per-question scores with intervals over
+replicates (training seeds, paired between the models) and questions (verdicts.py): holds, does
+not hold, inconclusive, or not measurable (and why); measurements that are exact (bytes of a cache)
+are judged exactly."""
 
 import json
 import sys
@@ -154,20 +155,21 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     q = lambda model: r.per_question(model, col)  # noqa: E731
     ouro = q("ouro")  # the reference: a claim about its students is judged only if it can do the task
     ouro_acc = r.score("ouro", col)
-    verdict, ci = near(q(r.main_model), ouro, 5.0, ouro)
+    verdict, ci = near(q(r.main_model), ouro, 5.0, ouro, spread=r.spread(col))
     out.append(("MELT stays near Ouro in accuracy (paper: MATH-500 93.4 vs 94.4; margin 5 pts)",
                 f"{r.columns[col]}: Ouro {pct(ouro_acc)}, MELT (main run) {pct(r.score(r.main_model, col))}; "
                 f"gap Ouro - MELT {ci}", verdict))
     long = r.long_column  # the long-answer task, where the paper's claims about caches are made
     if long:
         ql = lambda model: r.per_question(model, long)  # noqa: E731
-        verdict, ci = near(ql(r.main_model), ql("ouro"), 5.0, ql("ouro"))
+        verdict, ci = near(ql(r.main_model), ql("ouro"), 5.0, ql("ouro"), spread=r.spread(long))
         out.append(("MELT stays near Ouro on long answers (ours: the long-answer task; margin 5 pts)",
                     f"{r.columns[long]}: Ouro {pct(r.score('ouro', long))}, MELT (main run) "
                     f"{pct(r.score(r.main_model, long))}; gap Ouro - MELT {ci}", verdict))
     cache_col = long or col  # cache policies (sharing, the window) are judged on long answers where there are any
     qs = lambda model: r.per_question(model, cache_col)  # noqa: E731
-    parts = {v: beats(qs("ouro"), qs(r.sharing_model(v)), qs("ouro")) for v in r.config["baselines"]["sharing"]}
+    parts = {v: beats(qs("ouro"), qs(r.sharing_model(v)), qs("ouro"), spread=r.spread(cache_col))
+             for v in r.config["baselines"]["sharing"]}
     out.append(("Untrained KV sharing loses accuracy against Ouro (Table 5: 0.0 for all four variants)"
                 + (" (judged on long answers)" if long else ""),
                 f"{r.columns[cache_col]}: " + "; ".join(
@@ -180,7 +182,8 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     # v2 (Table 3): element-wise beats every other gate; v3 reports averages where `last` nearly ties
     # (63.3 vs 64.2), so v3's claim is only that it beats the mean of loops (55.6)
     others = [g for g in r.config["ablations"]["gates"] if g != "elementwise" and (r.version == "v2" or g == "mean")]
-    parts = {g: beats(q(r.run_model("elementwise", recipe)), q(r.run_model(g, recipe)), ouro) for g in others}
+    parts = {g: beats(q(r.run_model("elementwise", recipe)), q(r.run_model(g, recipe)), ouro, spread=r.spread(col))
+             for g in others}
     scores = ", ".join(f"{g} {pct(r.score(r.run_model(g, recipe), col))}" for g in r.config["ablations"]["gates"])
     claim = ("The element-wise gate beats mean, EMA, last and scalar (v2 Table 3)" if r.version == "v2" else
              "The element-wise gate beats the mean of loops (v3: average 64.2 vs 55.6; last nearly ties, 63.3)")
@@ -188,7 +191,8 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                 f"{scores}; element-wise minus " + "; ".join(f"{g}: {ci}" for g, (_, ci) in parts.items()),
                 all_of([v for v, _ in parts.values()])))
     gate, steps = r.config["main_run"]["gate"], r.config["ablations"]["recipes"]
-    parts = {(a, b): beats(q(r.run_model(gate, a)), q(r.run_model(gate, b)), ouro) for a, b in zip(steps, steps[1:])}
+    parts = {(a, b): beats(q(r.run_model(gate, a)), q(r.run_model(gate, b)), ouro, spread=r.spread(col))
+             for a, b in zip(steps, steps[1:])}
     out.append(("Each recipe component helps (Table 4, cumulative removal)",
                 "; ".join(f"{a} {pct(r.score(r.run_model(gate, a), col))} -> {b} "
                           f"{pct(r.score(r.run_model(gate, b), col))}: {ci}" for (a, b), (_, ci) in parts.items()),
@@ -199,7 +203,7 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
         base = "no_allloop_kd" if r.version == "v2" else "untrained"
         base_model = r.run_model(gate, base) if base != "untrained" else r.untrained
         before, after = q(base_model), q(r.run_model(gate, "no_chunking"))
-        verdict, ci = beats(before, after, ouro)
+        verdict, ci = beats(before, after, ouro, spread=r.spread(col))
         if before is not None and not np.any(before) and not verdict.startswith(NA):
             verdict = f"{NA} (the model compared with already scores 0, so no drop can show)"
         claim = ("Chunk-wise training is indispensable (v2: fully parallel training collapses to 0)"
@@ -213,13 +217,13 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
     for variant in r.main_variants("prefill-"):  # our choice of prefill (eval.compare_prefill)
         mode = ModelId.parse(variant).prefill
         chunked, exact = (variant, r.main_model) if mode != "exact" else (r.main_model, variant)
-        verdict, ci = near(q(chunked), q(exact), 5.0, q(exact))
+        verdict, ci = near(q(chunked), q(exact), 5.0, q(exact), spread=r.spread(col))
         out.append(("Ours, not the paper's: MELT prefilled in training-size chunks stays within 5 pts of exact "
                     "token-by-token prefill (the paper config prefills in chunks)",
                     f"{r.columns[col]}: chunked {pct(r.score(chunked, col))}, exact {pct(r.score(exact, col))}; "
                     f"gap exact - chunked {ci}", verdict))
     for variant in r.main_variants("window-"):  # v3's window on the v2-trained main run, at inference
-        verdict, ci = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"))
+        verdict, ci = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"), spread=r.spread(cache_col))
         w = ModelId.parse(variant).window
         out.append((f"Ours, not the paper's: v3's sliding window (W = {w}), applied at inference to the main run "
                     "trained without one, stays within 5 pts of it",
@@ -241,8 +245,9 @@ if "snakemake" in globals():  # run by the rule (tests import the functions abov
                  f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
                  "",
                  f"Accuracies are means over the training seeds {results.seeds}; every interval is a 95% "
-                 "bootstrap interval (unless a claim names another level) over seeds and questions "
-                 "(questions paired between the models compared).",
+                 "interval (unless a claim names another level) over seeds and questions, Student's t at the "
+                 "seeds' degrees of freedom (seeds and questions paired between the models compared; "
+                 "workflow/scripts/verdicts.py).",
                  "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
         lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
         Path(sm.output[0]).write_text("\n".join(lines) + "\n")

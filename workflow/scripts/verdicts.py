@@ -1,10 +1,17 @@
 """Verdicts on accuracy claims that can fail and can abstain.
 
 Each comparison uses per-question scores (percent; a question's score is the mean over its
-samples) of two models on the same questions, one row per training seed, and a bootstrap over
-seeds and questions (questions paired between the models; seeds paired where both have the same
-seeds, drawn independently where one has a single row, e.g. the teacher) for the 95% interval of
-their difference. A claim
+samples) of two models on the same questions, one row per replicate (a training seed: with
+``source.pretrain.per_seed`` each seed pretrains its own teacher too, so a row is an independent
+rerun of everything trained), and a 95% interval for their difference with two parts: how far the
+replicates' means spread (a rerun's variation: paired between the models where both have the same
+replicates, each model's own where one has a single row, e.g. a downloaded teacher), and how far
+the questions' spread moves the mean (question sampling). Both are added as variances and the
+interval is Student's t at the replicates' degrees of freedom (replicates - 1; the questions' where
+there is one replicate): with two replicates t = 12.7, so only an effect that both replicates show
+clearly is decided. A claim
+
+A claim
 
 * **holds** when the whole interval lies on the claimed side (for "stays near": inside the margin);
 * **does not hold** when the whole interval lies on the other side;
@@ -17,40 +24,104 @@ So a run where every model scores 0 judges nothing, and a tie never counts as a 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+from scipy import stats
 
 HOLDS, FAILS, INCONCLUSIVE, NA = "holds", "does not hold", "inconclusive", "not measurable"
 FLOOR = 50.0  # percent the reference model must reach before its students can be judged
-BOOTSTRAP = 2000
 
 
-def paired_interval(a, b, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of ``a - b`` and its bootstrap percentile interval. ``a``, ``b``: per-question scores,
-    (questions,) or (seeds, questions). Each bootstrap draw resamples the questions (the same for
-    both) and the seeds (the same draw for both where their seed counts agree), and averages."""
+@dataclass(frozen=True)
+class Spread:
+    """How far a rerun moves a score, pooled over the cells of one table column: the variance of one
+    replicate's score is ``k * p (1 - p)`` (percent squared; ``p`` the cell's mean as a fraction, the
+    shape of an outcome that lands near 0 or near 100), ``k`` fitted to every cell's observed spread
+    between its replicates, with ``dof`` degrees of freedom (the cells' replicates - 1, summed). Two
+    replicates give a cell's own spread one degree of freedom (t = 12.7); the column's cells together
+    give many, at the price of assuming they share ``k``. A cell's own spread still counts where it is
+    larger (max of the two)."""
+
+    k: float
+    dof: int
+
+    def variance(self, mean: float) -> float:
+        """One replicate's variance (percent squared) at a cell mean of ``mean`` percent."""
+        p = min(max(mean / 100.0, 0.0), 1.0)
+        return self.k * p * (1 - p) * 1e4
+
+
+def pooled_spread(cells) -> Spread | None:
+    """A column's Spread from its cells, each (replicates, questions) per-question scores of one
+    model; cells with one replicate, or at 0 or 100 (no spread possible under the model), add
+    nothing. None when no cell has two replicates."""
+    squares = expected = 0.0
+    dof = 0
+    for x in cells:
+        x = np.atleast_2d(np.asarray(x, dtype=float))
+        if len(x) < 2:
+            continue
+        shape = Spread(1.0, 1).variance(float(x.mean()))
+        if shape == 0:
+            continue
+        squares += np.var(x.mean(1), ddof=1) * (len(x) - 1)
+        expected += shape * (len(x) - 1)
+        dof += len(x) - 1
+    return Spread(squares / expected, dof) if dof else None
+
+
+def _t_interval(mean: float, parts: list[tuple[float, int]], level: float, bounds: tuple[float, float]):
+    """``mean`` +- t * sqrt(sum of the variances); ``parts``: (variance of the mean, degrees of
+    freedom) each. The t quantile takes the fewest degrees of freedom of any part that has a
+    variance: with two replicates and no pooled Spread, t(1) = 12.7 whatever the questions say.
+    (Welch-Satterthwaite degrees of freedom would be larger where two replicates happen to agree, and
+    covered the truth in only 87% of simulated two-replicate runs: tests/test_verdicts.py.) Clipped to
+    ``bounds`` (a score cannot leave [0, 100])."""
+    parts = [(v, df) for v, df in parts if v > 0 and df > 0]
+    total = sum(v for v, _ in parts)
+    if total == 0:
+        return mean, mean, mean
+    half = float(stats.t.ppf(0.5 + level / 2, min(df for _, df in parts))) * total ** 0.5
+    return mean, max(bounds[0], mean - half), min(bounds[1], mean + half)
+
+
+def paired_interval(a, b, level: float = 0.95, bounds=(-100.0, 100.0),
+                    spread: Spread | None = None) -> tuple[float, float, float]:
+    """Mean of ``a - b`` and its interval. ``a``, ``b``: per-question scores (percent), (questions,)
+    or (replicates, questions). Replicates are paired where both have the same number (row i of
+    each is the same seed, so the same teacher and data order), or compared with a single row (which
+    then counts as fixed: one downloaded teacher). ``spread``: the column's pooled Spread; without
+    it, the replicates' own spread at their own degrees of freedom."""
     a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or a.size == 0 or b.size == 0:
         raise ValueError(f"paired scores need the same non-empty questions, got {a.shape} and {b.shape}")
-    rng = np.random.default_rng(seed)
     n = a.shape[1]
-    counts = rng.multinomial(n, np.full(n, 1 / n), size=BOOTSTRAP)  # questions drawn with replacement
-    sa = rng.integers(0, a.shape[0], size=(BOOTSTRAP, a.shape[0]))
-    sb = sa if b.shape[0] == a.shape[0] else rng.integers(0, b.shape[0], size=(BOOTSTRAP, b.shape[0]))
+    replicated = [x for x in (a, b) if len(x) > 1]  # the sides whose rows are draws of a rerun
+    if a.shape[0] == b.shape[0] or 1 in (a.shape[0], b.shape[0]):
+        sides = [(a - b, replicated)]  # paired, or one side a single row: the other side's spread alone
+    else:
+        sides = [(a, [a]), (b, [b])]   # unpaired replicates: each side's spread
+    parts = []
+    for x, draws in sides:
+        if len(x) < 2:
+            continue
+        observed = np.var(x.mean(1), ddof=1)
+        if spread is None:
+            parts.append((observed / len(x), len(x) - 1))
+        else:
+            model = sum(spread.variance(float(d.mean())) for d in draws)
+            parts.append((max(observed, model) / len(x), spread.dof))
+    per_question = a.mean(0) - b.mean(0)
+    if n > 1:
+        parts.append((np.var(per_question, ddof=1) / n, n - 1))
+    return _t_interval(float(a.mean() - b.mean()), parts, level, bounds)
 
-    def draws(x, s):  # (BOOTSTRAP,): the mean over drawn seeds of each seed's mean over drawn questions
-        per_seed = x @ counts.T / n  # (seeds, BOOTSTRAP)
-        return np.take_along_axis(per_seed.T, s, 1).mean(1)
 
-    means = draws(a, sa) - draws(b, sb)
-    tail = (1 - level) / 2 * 100
-    return (float(a.mean() - b.mean()), float(np.percentile(means, tail)),
-            float(np.percentile(means, 100 - tail)))
-
-
-def interval(a, level: float = 0.95) -> tuple[float, float, float]:
-    """One model's mean score with its 95% interval over seeds and questions."""
+def interval(a, level: float = 0.95, spread: Spread | None = None) -> tuple[float, float, float]:
+    """One model's mean score with its interval over replicates and questions, within [0, 100]."""
     a = np.atleast_2d(np.asarray(a, dtype=float))
-    return paired_interval(a, np.zeros((1, a.shape[1])), level)
+    return paired_interval(a, np.zeros((1, a.shape[1])), level, bounds=(0.0, 100.0), spread=spread)
 
 
 def _gate(reference, floor: float) -> str | None:
@@ -66,24 +137,25 @@ def fmt(mean: float, lo: float, hi: float, level: float = 0.95) -> str:
     return f"{mean:+.1f} pts [{100 * level:.4g}% CI {lo:+.1f}, {hi:+.1f}]"
 
 
-def beats(a, b, reference, floor: float = FLOOR) -> tuple[str, str]:
+def beats(a, b, reference, floor: float = FLOOR, spread: Spread | None = None) -> tuple[str, str]:
     """Claim: model a scores higher than model b. Returns (verdict, interval text)."""
     if a is None or b is None:
         return f"{NA} (missing results)", ""
     na = _gate(reference, floor)
-    mean, lo, hi = paired_interval(a, b)
+    mean, lo, hi = paired_interval(a, b, spread=spread)
     if na:
         return na, fmt(mean, lo, hi)
     return (HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE), fmt(mean, lo, hi)
 
 
-def near(a, b, margin: float, reference, floor: float = FLOOR, level: float = 0.95) -> tuple[str, str]:
+def near(a, b, margin: float, reference, floor: float = FLOOR, level: float = 0.95,
+         spread: Spread | None = None) -> tuple[str, str]:
     """Claim: model a stays within ``margin`` points below model b (a >= b - margin), judged on a
     ``level`` interval (raise it to correct for a claim chosen among several tries)."""
     if a is None or b is None:
         return f"{NA} (missing results)", ""
     na = _gate(reference, floor)
-    mean, lo, hi = paired_interval(b, a, level)  # the gap b - a
+    mean, lo, hi = paired_interval(b, a, level, spread=spread)  # the gap b - a
     if na:
         return na, fmt(mean, lo, hi, level)
     return (HOLDS if hi <= margin else FAILS if lo > margin else INCONCLUSIVE), fmt(mean, lo, hi, level)
