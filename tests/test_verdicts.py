@@ -159,5 +159,5 @@ def test_a_pooled_spread_covers_reruns_and_resolves_what_every_replicate_shows()
     assert 0.93 <= hits / informative <= 0.99, hits / informative
     assert decided == 300 and own < 280, (decided, own)
     split = np.asarray([rate(0.9), rate(0.0)])
-    _, lo, hi = interval(split, spread=pooled_spread([split] + table()))
+    _, lo, hi = interval(split, spread=pooled_spread([split] + table() + table() + table()))  # 31 cells
     assert lo < 10 and hi > 80, (lo, hi)
