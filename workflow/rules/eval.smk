@@ -139,7 +139,8 @@ rule merge_eval:
 
 rule sharing_baselines:
     input:
-        expand(f"{OUT}/eval/{{m}}/{{task}}.json", m=[m for m in TEACHER_MODELS if ModelId.parse(m).kind == "sharing"], task=TASKS),
+        expand(f"{OUT}/eval/{{m}}/{{task}}.json", task=TASKS,
+               m=[m for m in TEACHER_MODELS if ModelId.parse(m).kind == "sharing"]),
 
 
 rule evals:

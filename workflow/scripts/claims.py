@@ -245,9 +245,9 @@ if "snakemake" in globals():  # run by the rule (tests import the functions abov
                  f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
                  "",
                  f"Accuracies are means over the training seeds {results.seeds}; every interval is a 95% "
-                 "interval (unless a claim names another level) over seeds and questions, Student's t at the "
-                 "seeds' degrees of freedom (seeds and questions paired between the models compared; "
-                 "workflow/scripts/verdicts.py).",
+                 "interval (unless a claim names another level) over seeds and questions: the seeds' spread "
+                 "pooled over the column's models and the questions', Student's t (seeds and questions paired "
+                 "between the models compared; workflow/scripts/verdicts.py).",
                  "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
         lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
         Path(sm.output[0]).write_text("\n".join(lines) + "\n")
