@@ -267,7 +267,8 @@ def _planned_blocks(r):
 def test_each_seed_reruns_everything_trained_from_its_own_teacher(tmp_path):
     """source.pretrain.per_seed (the embedded default): one teacher per training seed, and everything
     of seed s (conversions, every phase, its eval job with the teacher and sharing baselines) reads seed
-    s's teacher and no other, so a seed is an independent rerun; without it, one teacher for all."""
+    s's teacher and no other, so a seed is an independent rerun; the sharing baselines alone train no
+    student; without it, one teacher for all."""
     plan = smk("-n", "all", "--configfile", "config/default.yaml", "--config", "outdir=/nonexistent/plan")
     assert plan.returncode == 0, plan.stdout + plan.stderr
     jobs = _planned_blocks(plan)
@@ -277,15 +278,21 @@ def test_each_seed_reruns_everything_trained_from_its_own_teacher(tmp_path):
     checked = 0
     for job in jobs:
         seed = re.search(r"\bseed=(\d+)", job.get("wildcards", ""))
-        if job["rule"] not in ("convert", "phase", "eval_seed") or not seed:
+        if job["rule"] not in ("convert", "phase", "eval_teacher") or not seed:
             continue
         read = set(re.findall(r"checkpoints/seed(\d+)/ouro", job["input"]))
         assert read == {seed.group(1)}, job
-        if job["rule"] == "eval_seed":
+        if job["rule"] == "eval_teacher":
             assert f"eval/ouro-seed{seed.group(1)}/" in job["output"] and "eval/ouro/" not in job["output"]
             assert f"eval/ouro-first-loop-seed{seed.group(1)}/" in job["output"]
         checked += 1
     assert checked >= len(seeds) * 3
+    assert sorted(j["wildcards"] for j in jobs if j["rule"] == "eval_teacher") == [f"seed={s}" for s in seeds]
+    alone = smk("-n", "sharing_baselines", "--configfile", "config/default.yaml",
+                "--config", "outdir=/nonexistent/plan")
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert {j["rule"] for j in _planned_blocks(alone)} == {"task_data", "pretrain_teacher", "eval_teacher",
+                                                           "sharing_baselines"}
     (tmp_path / "one.yaml").write_text(yaml.safe_dump({"overlays": str(ROOT / "config/default.yaml"),
                                                        "source": {"pretrain": {"per_seed": False}}}))
     one = smk("-n", "all", "--configfile", str(tmp_path / "one.yaml"), "--config", "outdir=/nonexistent/plan")

@@ -212,11 +212,6 @@ def teacher_models(seed=None):
     return [str(ModelId.teacher(seed))] + [str(ModelId.sharing(s, seed)) for s in SHARING]
 
 
-def seed_eval_models(seed):
-    """What one training seed's eval job evaluates: its teacher's models too where it has its own."""
-    return (teacher_models(seed) if PER_SEED_TEACHER else []) + seed_models(seed)
-
-
 # model ids: the teacher and its sharing baselines once (or per seed); every MELT model once per seed
 TEACHER_MODELS = [m for s in TEACHER_SEEDS for m in teacher_models(s)]
 MODELS = (TEACHER_MODELS + [m for s in SEEDS for m in seed_models(s) if not ModelId.parse(m).variant]

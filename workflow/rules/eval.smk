@@ -67,49 +67,48 @@ if GROUPED_TASKS:
             "../scripts/evaluate.py"
 
 
-if GROUPED_MODELS and not PER_SEED_TEACHER:
+if GROUPED_MODELS:
+
+    ruleorder: eval_teacher > eval_seed > eval_model > eval
+
+    # one teacher: {seed} is not in its outputs (teacher_models(None)); a teacher per seed: one job a seed,
+    # which needs only that seed's teacher (the sharing_baselines target trains no student)
+    _teacher = "{seed}" if PER_SEED_TEACHER else None
 
     rule eval_teacher:
-        """The teacher and its untrained sharing baselines on every unsharded task, in one job."""
+        """The teacher and its untrained sharing baselines on every unsharded task, in one job (one a
+        training seed with source.pretrain.per_seed)."""
         input:
-            unpack(lambda wc: eval_inputs(*TEACHER_MODELS)),
+            unpack(lambda wc: eval_inputs(*teacher_models(getattr(wc, "seed", None)))),
         output:
-            [f"{OUT}/eval/{m}/{t}.json" for m in TEACHER_MODELS for t in GROUPED_TASKS],
+            [f"{OUT}/eval/{m}/{t}.json" for m in teacher_models(_teacher) for t in GROUPED_TASKS],
         params:
-            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: TEACHER_MODELS),
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS},
+                          lambda wc: teacher_models(getattr(wc, "seed", None))),
             mlflow=mlflow_spec("eval"),
         threads: 1
         log:
-            [f"{OUT}/logs/eval-{m}/{t}.log" for m in TEACHER_MODELS for t in GROUPED_TASKS],
+            [f"{OUT}/logs/eval-{m}/{t}.log" for m in teacher_models(_teacher) for t in GROUPED_TASKS],
         benchmark:
-            f"{OUT}/benchmarks/eval-teacher.tsv"
+            f"{OUT}/benchmarks/{'seed{seed}/' if PER_SEED_TEACHER else ''}eval-teacher.tsv"
         conda:
             "../../envs/melt.yaml"
         script:
             "../scripts/evaluate.py"
 
-
-if GROUPED_MODELS:
-
-    ruleorder: eval_seed > eval_model > eval
-
-    if not PER_SEED_TEACHER:
-
-        ruleorder: eval_teacher > eval_seed
-
     rule eval_seed:
-        """Every model of one training seed (converted, trained, the main run's variants; its own
-        teacher and sharing baselines with source.pretrain.per_seed) on every unsharded task, in one job."""
+        """Every model of one training seed (converted, trained, the main run's variants) on every
+        unsharded task, in one job."""
         input:
-            unpack(lambda wc: eval_inputs(*seed_eval_models(wc.seed))),
+            unpack(lambda wc: eval_inputs(*seed_models(wc.seed))),
         output:
-            [f"{OUT}/eval/{m}/{t}.json" for m in seed_eval_models("{seed}") for t in GROUPED_TASKS],
+            [f"{OUT}/eval/{m}/{t}.json" for m in seed_models("{seed}") for t in GROUPED_TASKS],
         params:
-            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: seed_eval_models(wc.seed)),
+            **eval_params({t: eval_task_settings(t) for t in GROUPED_TASKS}, lambda wc: seed_models(wc.seed)),
             mlflow=mlflow_spec("eval"),
         threads: 1
         log:
-            [f"{OUT}/logs/eval-{m}/{t}.log" for m in seed_eval_models("{seed}") for t in GROUPED_TASKS],
+            [f"{OUT}/logs/eval-{m}/{t}.log" for m in seed_models("{seed}") for t in GROUPED_TASKS],
         benchmark:
             f"{OUT}/benchmarks/seed{{seed}}/eval.tsv"
         conda:
