@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 from model_id import ModelId
-from verdicts import paired_interval
+from verdicts import interval
 
 from melt_core.checkpoint import load_pretrained
 from melt_core.data import load_tokenizer, prompt_ids, read_jsonl
@@ -79,7 +79,7 @@ with rule_context(sm, "report"):
     pd.DataFrame(gate_rows, columns=["run", "seed", "gate", "layer", "loop", "mean_z"]).to_csv(sm.output.gates,
                                                                                               index=False)
 
-    # Early exit: per (model, gate variant, rule) accuracy with its 95% bootstrap interval over
+    # Early exit: per (model, gate variant, rule) accuracy with its 95% interval over
     # questions, loops per token and tokens/s, each against the same model's every-loop row.
     exits = []
     for path in sm.input.early_exit:
@@ -87,7 +87,7 @@ with rule_context(sm, "report"):
         full = {r["variant"]: r for r in sweep["rows"] if not r["rule"].get("exit_at_loop") and r["rule"]["q"] >= 1}
         for row in sweep["rows"]:
             ref = full.get(row["variant"])
-            acc, lo, hi = paired_interval(row["per_question"], [0.0] * len(row["per_question"]))
+            acc, lo, hi = interval(row["per_question"])  # within [0, 100], as the tables' cells
             exits.append({"model": row["model"], "variant": row["variant"], "rule": row["label"],
                           "rule_json": json.dumps(row["rule"]), "metric": row["metric"], "accuracy": acc,
                           "ci_lo": lo, "ci_hi": hi, "mean_loops": row["mean_loops"], "loops": row["loops"],

@@ -7,11 +7,10 @@ rerun of everything trained), and a 95% interval for their difference with two p
 replicates' means spread (a rerun's variation: paired between the models where both have the same
 replicates, each model's own where one has a single row, e.g. a downloaded teacher), and how far
 the questions' spread moves the mean (question sampling). Both are added as variances and the
-interval is Student's t at the replicates' degrees of freedom (replicates - 1; the questions' where
-there is one replicate): with two replicates t = 12.7, so only an effect that both replicates show
-clearly is decided. A claim
-
-A claim
+interval is Student's t at the fewest degrees of freedom of the two. The replicates' spread is the
+cell's own (replicates - 1 degrees of freedom: t = 12.7 with two) or, where the report passes a
+column's ``Spread``, the larger of the cell's own and the column's pooled model (as many degrees of
+freedom as the column's cells give). A claim
 
 * **holds** when the whole interval lies on the claimed side (for "stays near": inside the margin);
 * **does not hold** when the whole interval lies on the other side;
@@ -48,8 +47,13 @@ class Spread:
 
     def variance(self, mean: float) -> float:
         """One replicate's variance (percent squared) at a cell mean of ``mean`` percent."""
-        p = min(max(mean / 100.0, 0.0), 1.0)
-        return self.k * p * (1 - p) * 1e4
+        return self.k * _two_valued(mean)
+
+
+def _two_valued(mean: float) -> float:
+    """p (1 - p) in percent squared at a mean of ``mean`` percent: the variance shape of Spread."""
+    p = min(max(mean / 100.0, 0.0), 1.0)
+    return p * (1 - p) * 1e4
 
 
 def pooled_spread(cells) -> Spread | None:
@@ -62,7 +66,7 @@ def pooled_spread(cells) -> Spread | None:
         x = np.atleast_2d(np.asarray(x, dtype=float))
         if len(x) < 2:
             continue
-        shape = Spread(1.0, 1).variance(float(x.mean()))
+        shape = _two_valued(float(x.mean()))
         if shape == 0:
             continue
         squares += np.var(x.mean(1), ddof=1) * (len(x) - 1)
