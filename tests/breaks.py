@@ -47,6 +47,7 @@ JUDGED = f"{CODE}::test_humanevalplus_judges_values_the_benchmarks_way"
 LAST_BLOCK = f"{CODE}::test_the_answer_is_the_last_code_block_after_the_thinking"
 DIGESTS = f"{CODE}::test_large_outputs_travel_as_digests_and_still_tell_right_from_wrong"
 REPORT = "tests/test_report.py"
+NUMERICS = "tests/test_cpu_numerics.py"
 PROFILE = "tests/test_profiler_download.py"
 LENGTHS = "tests/test_figures.py::test_accuracy_vs_length_shows_where_each_model_loses_the_thread"
 TEACHER_LOSS = "tests/test_pretrain.py::test_the_loss_averages_the_loops_and_the_learning_rate_warms_up_then_decays"
@@ -540,10 +541,14 @@ BREAKS = [
     Break("r11 pins: MKL's branch never checked", "workflow/scripts/cpu_numerics.py",
           "    if branch is not None and want_branch and branch != want_branch:",
           "    if False:", ("tests/test_cpu_numerics.py",)),
-    Break("r11 pins: the vendor-neutral pins on MKL's AVX2 branch", "workflow/scripts/cpu_numerics.py",
-          '"vendor-neutral": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE",',
-          '"vendor-neutral": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",',
-          ("tests/test_cpu_numerics.py::test_vendor_neutral_arithmetic_matches_the_recorded_machine",)),
+    Break("r11 pins: the compatible pins on MKL's AVX2 branch", "workflow/scripts/cpu_numerics.py",
+          '"compatible": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE",',
+          '"compatible": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",',
+          (f"{NUMERICS}::test_compatible_arithmetic_is_the_same_at_one_and_two_threads_and_as_recorded_on_this_cpu",)),
+    Break("r14 pins: a record of another CPU model compared", "benchmarks/numerics_probe.py",
+          "    return next((r for r in records if all(r.get(k) == here[k] for k in IDENTITY)), None)",
+          "    return next((r for r in records if all(r.get(k) == here[k] for k in IDENTITY[2:])), None)",
+          (f"{NUMERICS}::test_machine_records_match_by_cpu_model",)),
     Break("r11 gpqa: a row without an id hashed whole", "melt_core/lighteval_tasks.py",
           "        basis = next((line[k] for k in QUESTION_FIELDS",
           "        basis = json.dumps(line, sort_keys=True, default=str) or next((line[k] for k in QUESTION_FIELDS",

@@ -11,9 +11,11 @@ score differently. The pins choose the kernels by name instead (`kernels`):
   thread count. MKL honours that branch on Intel CPUs only: on others (an AMD EPYC) it runs its AUTO
   path, strictly, capped at AVX2 (MKL_ENABLE_INSTRUCTIONS). So an Intel and an AMD machine compute
   different bits, and train different models, from the same config.
-- vendor-neutral: ATen's AVX2 kernels and MKL's COMPATIBLE branch (SSE2 code, the one branch MKL
-  runs alike on Intel and non-Intel CPUs) at a fixed thread count: the same bits across vendors too,
-  for 1.6-1.8x a training step (benchmarks/pin_cost.py).
+- compatible: ATen's AVX2 kernels and MKL's COMPATIBLE branch (SSE2 code) at a fixed thread count,
+  for 1.6-1.8x a training step (benchmarks/pin_cost.py). Its GEMMs, SDPA and elementwise maths gave
+  the same bits on an Intel Xeon and an AMD EPYC, but a training step did not (AdamW steps of an MLP,
+  the teacher's and a MELT phase step differ: docs/REPRODUCIBILITY.md), so no pin set here gives
+  Intel and AMD the same bits. It was called `vendor-neutral` until that was measured.
 - default: ATen's unvectorised kernels and MKL's COMPATIBLE branch, for CPUs without AVX2.
 
 OpenMP threads sleep instead of spinning when they wait (OMP_WAIT_POLICY=PASSIVE): a two-thread job
@@ -40,8 +42,8 @@ import tempfile
 KERNELS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
              "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "vendor-neutral": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "MKL_DYNAMIC": "FALSE",
-                       "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "compatible": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "MKL_DYNAMIC": "FALSE",
+                   "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
                 "ONEDNN_MAX_CPU_ISA": "SSE41"},
 }
@@ -75,6 +77,10 @@ def pinned_env(cfg: dict | None) -> dict[str, str]:
     if not cfg.get("pinned", True) or platform.machine().lower() not in ("x86_64", "amd64"):
         return {}  # the pins name x86 kernels; elsewhere (ARM login or GPU nodes) each machine's own
     kernels = cfg.get("kernels", "avx2")
+    if kernels == "vendor-neutral":
+        raise ValueError("config cpu_numerics.kernels: 'vendor-neutral' was withdrawn: it trained to other bits on "
+                         "Intel and AMD CPUs (docs/REPRODUCIBILITY.md). Set kernels: compatible for the same pins "
+                         "(MKL's COMPATIBLE branch), or avx2 (the default)")
     if kernels not in KERNELS:
         raise ValueError(f"config cpu_numerics.kernels: {kernels!r} is not one of {sorted(KERNELS)}")
     return {**KERNELS[kernels], "OMP_WAIT_POLICY": cfg.get("wait_policy", "passive").upper(), MARKER: kernels}
