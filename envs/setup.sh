@@ -88,3 +88,10 @@ for name in local slurm; do
     echo "setup: $link exists and is not ours; use --profile $root/profiles/$name" >&2
   fi
 done
+# The distribution name `vllm` for the CPU build (envs/vllm-name: metadata only), so that vLLM's own
+# `vllm serve` starts; also into a serving environment built before it existed
+if ! .venv-vllm/bin/python -c "import importlib.metadata as m; m.version('vllm')" 2>/dev/null; then
+  .venv-vllm/bin/pip install --disable-pip-version-check -q --no-deps --no-build-isolation ./envs/vllm-name \
+    >> .venv-vllm/pip-install.log 2>&1
+fi
+.venv-vllm/bin/vllm --version >/dev/null || { echo "setup: .venv-vllm's vllm command does not start" >&2; exit 1; }

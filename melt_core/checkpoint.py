@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import ConfigError, ModelConfig
+from .config import ARCHITECTURES, ConfigError, ModelConfig
 from .model import LoopedLM
 
 WEIGHTS = "model.safetensors"
@@ -294,6 +294,7 @@ def save_pretrained(model: LoopedLM, path: str | Path, extra_config: dict | None
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     cfg["torch_dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    cfg["architectures"] = [ARCHITECTURES[model.config.model_type]]  # any vLLM entry point loads it by name
     cfg.update(extra_config or {})
     with _atomic_dir(path) as tmp:
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})

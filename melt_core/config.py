@@ -22,6 +22,10 @@ GATE_H0 = ("zeros", "first")
 _PROVENANCE_KEYS = {"converted_from", "gate_init", "train_config_hash", "train_step", "trained_steps",
                     "pretrain_report", "phases"}
 
+# The architecture each model type's config.json names (as hub checkpoints do), which vLLM resolves
+# to melt_core's classes (melt_core/vllm_plugin.py)
+ARCHITECTURES = {"ouro": "OuroForCausalLM", "melt": "MeltForCausalLM"}
+
 # Fields of a hub ``config.json`` that describe bookkeeping or features Ouro does not
 # use; they are accepted and dropped. Anything else unknown is logged, not silently lost.
 _HF_IGNORED_KEYS = {

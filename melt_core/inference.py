@@ -119,7 +119,9 @@ def start_engine(spec: ModelSpec, max_model_len: int, seed: int = 0, dtype: str 
     from .serving import VllmEngine, model_type
 
     opts = dict(spec.vllm or {})
-    gb = opts.pop("kv_cache_gb", 2.0)
+    if "kv_cache_gb" not in opts:
+        raise ConfigError(f"{spec.path}: eval.vllm.kv_cache_gb is not set: the KV memory to give vLLM (GiB)")
+    gb = opts.pop("kv_cache_gb")
     opts.pop("max_prompt_tokens", None)  # the caller's max_model_len has it
     return VllmEngine(spec.path, log=log, prefill_chunk=spec.prefill_chunk if model_type(spec.path) == "melt" else None,
                       dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_bytes=int(gb * 2**30), **opts)

@@ -231,7 +231,7 @@ class LoopedLM(nn.Module):
     def forward(self, input_ids: Tensor, cache: KVCache | None = None,
                 positions: Tensor | None = None, attention_mask: Tensor | None = None,
                 chunk_size: int | None = None, alpha: float = 1.0, align_chunks_to_end: bool = False,
-                logits: str = "all", collect_attn_outputs: bool = False) -> LoopOutput:
+                logits: str = "all", collect_attn_outputs: bool = False, exit_gate: bool = True) -> LoopOutput:
         """Run ``input_ids`` (B, L) after what ``cache`` already holds.
 
         positions: (B, L) RoPE positions (default: continue from the cache);
@@ -241,7 +241,9 @@ class LoopedLM(nn.Module):
         align_chunks_to_end: cut chunks back from the last token (the first chunk takes the
             remainder), so left-padded prompts in a batch get the same chunks as alone;
         logits: ``all`` (every loop, every position), ``last`` (last loop, last position) or
-            ``none`` (no logits: ``hidden`` only, for a caller that applies ``lm_head`` itself).
+            ``none`` (no logits: ``hidden`` only, for a caller that applies ``lm_head`` itself);
+        exit_gate: compute the exit gate's logits (False: ``exit_logits`` is None, for a caller
+            that runs every loop whatever the gate says).
         """
         cfg = self.config
         B, L = input_ids.shape
@@ -275,13 +277,13 @@ class LoopedLM(nn.Module):
             step = LoopStep(cache, cos, sin, alpha, [None] * cfg.num_hidden_layers,
                             [] if collect_attn_outputs else None, self.checkpoint_mlp)
             lo, ex, hidden = self._run_chunk(x_all[:, sl], step, "none" if logits == "none" else
-                                             "last" if logits == "last" and sl.stop == L else "all")
+                                             "last" if logits == "last" and sl.stop == L else "all", exit_gate)
             cache.end_chunk()
             per_loop.append(lo)
             exits.append(ex)
             if collect_attn_outputs:
                 attn_outputs.append(step.attn_outputs)
-        exit_logits = torch.cat(exits, dim=-1)
+        exit_logits = torch.cat(exits, dim=-1) if exit_gate else None
         if logits == "none":
             return LoopOutput(None, None, exit_logits, cache, hidden=hidden)
         if logits == "last":
@@ -291,7 +293,8 @@ class LoopedLM(nn.Module):
             attn_outputs = [torch.cat(parts, dim=1) for parts in zip(*attn_outputs)]
         return LoopOutput(per_loop_logits[-1], per_loop_logits, exit_logits, cache, attn_outputs, hidden)
 
-    def _run_chunk(self, x: Tensor, step: LoopStep, logits: str) -> tuple[Tensor | None, Tensor, Tensor]:
+    def _run_chunk(self, x: Tensor, step: LoopStep, logits: str, exit_gate: bool = True
+                   ) -> tuple[Tensor | None, Tensor | None, Tensor]:
         """The chunk through every loop: per-loop logits (``all``), the last position's (``last``) or
         none; the exit gate's logits; the last loop's states."""
         per_loop, exits = [], []
@@ -299,12 +302,13 @@ class LoopedLM(nn.Module):
             for layer_idx, layer in enumerate(self.model.layers):
                 x = layer(x, step, layer_idx, t)
             x = self.model.norm(x)
-            exits.append(self.model.early_exit_gate(x).squeeze(-1))  # (B, C)
+            if exit_gate:
+                exits.append(self.model.early_exit_gate(x).squeeze(-1))  # (B, C)
             if logits == "all":
                 per_loop.append(self.lm_head(x))
         if logits == "last":
             per_loop.append(self.lm_head(x[:, -1:]))
-        return torch.stack(per_loop) if per_loop else None, torch.stack(exits), x
+        return torch.stack(per_loop) if per_loop else None, torch.stack(exits) if exits else None, x
 
     def melt_parameters(self) -> list[nn.Parameter]:
         """The gates' parameters (trained with their own learning rate)."""

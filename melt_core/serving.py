@@ -7,10 +7,10 @@ registered by melt_core/vllm_plugin.py).
 
 What differs by model (docs/CHOICES.md):
 
-* MELT: chunked prefill and prefix caching off. Its prompt is computed by melt_core in one step
-  (token by token, or in ``prefill_chunk`` chunks, as the native engine does); a prompt split over
-  steps, or a cached prefix, would change the rows its tokens read. n samples of one prompt each
-  compute the prompt again (the rows are the same; the time is not).
+* MELT: vLLM's chunked prefill and prefix caching, scheduled by ``MELT_SCHEDULER``
+  (melt_core/vllm_scheduler.py), which gives each sequence one MELT chunk a step: the prompt in
+  ``prefill_chunk`` chunks (token by token when unset) cut as the native engine cuts it, batched with
+  other sequences' decode steps; n samples of a prompt share its cached blocks where the cut allows.
 * Ouro and dense models: vLLM's defaults (parallel prefill is exact for them).
 """
 
@@ -21,23 +21,30 @@ import os
 import subprocess
 from pathlib import Path
 
-PREFILL_CHUNK_KEY = "melt_prefill_chunk"  # melt_core.vllm_models reads it from the hf config
-ARCHITECTURES = {"ouro": "OuroForCausalLM", "melt": "MeltForCausalLM"}  # melt_core.vllm_plugin registers them
+from .config import ARCHITECTURES
+
+PREFILL_CHUNK_KEY = "melt_prefill_chunk"  # melt_core.vllm_scheduler reads it from the hf config
+MELT_SCHEDULER = "melt_core.vllm_scheduler.MeltScheduler"  # vLLM's scheduler_cls for MELT checkpoints
 
 
 def model_type(checkpoint: str | Path) -> str:
     return json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type", "")
 
 
-def engine_args(checkpoint: str | Path, *, prefill_chunk: int | None = None, dtype: str = "auto",
-                max_model_len: int | None = None, max_num_seqs: int = 128, seed: int = 0,
-                kv_cache_bytes: int = 1 << 30, cuda_graphs: bool = False,
+def checkpoint_architectures(checkpoint: str | Path) -> list[str]:
+    return json.loads((Path(checkpoint) / "config.json").read_text()).get("architectures") or []
+
+
+def engine_args(checkpoint: str | Path, *, kv_cache_bytes: int, prefill_chunk: int | None = None,
+                dtype: str = "auto", max_model_len: int | None = None, max_num_seqs: int = 128,
+                max_num_batched_tokens: int | None = None, seed: int = 0, cuda_graphs: bool = False,
                 tokenizer: str | Path | None = None, overrides: dict | None = None) -> dict:
     """Keyword arguments of ``vllm.LLM`` for one checkpoint directory. ``kv_cache_bytes``: the KV
     memory to give vLLM (set always: left to itself, vLLM's CPU backend takes 92% of the machine's
     memory, and its GPU backend sizes by a share of the device, not by the plan); ``cuda_graphs``: capture decode
     steps (GPU only; the CPU backend runs eagerly); ``overrides``: vLLM keywords set last, over what
-    this function decided (tests use it to force what the defaults prevent)."""
+    this function decided (tests use it to force what the defaults prevent); ``max_num_batched_tokens``:
+    the tokens of one engine step (vLLM's default when None; for MELT at least one chunk)."""
     checkpoint = Path(checkpoint)
     kind = model_type(checkpoint)
     has_tokenizer = tokenizer is not None or any((checkpoint / f).is_file() for f in
@@ -47,22 +54,24 @@ def engine_args(checkpoint: str | Path, *, prefill_chunk: int | None = None, dty
     args = dict(model=str(checkpoint), runner="generate", tokenizer=str(tokenizer or checkpoint),
                 skip_tokenizer_init=not has_tokenizer,
                 dtype=dtype, seed=seed, max_num_seqs=max_num_seqs, trust_remote_code=False,
-                enforce_eager=not cuda_graphs)
+                enforce_eager=not cuda_graphs, disable_log_stats=False)  # stats: preemptions, prefix-cache hits
     if cuda_graphs:  # whole decode steps captured (Ouro/MELT have no torch.compile regions to split at)
         args["compilation_config"] = {"cudagraph_mode": "FULL_DECODE_ONLY"}
     if max_model_len is not None:
         args["max_model_len"] = max_model_len
+    if max_num_batched_tokens is not None:
+        args["max_num_batched_tokens"] = max_num_batched_tokens
     args["kv_cache_memory_bytes"] = int(kv_cache_bytes)
-    architecture = ARCHITECTURES.get(kind)
-    if architecture:  # melt_core's config.json names no architecture; the hub's Ouro names its own
-        args["hf_overrides"] = {"architectures": [architecture]}
+    if kind in ARCHITECTURES and not checkpoint_architectures(checkpoint):  # saved before config.json named it
+        args["hf_overrides"] = {"architectures": [ARCHITECTURES[kind]]}
     if kind == "melt":
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 or None (token by token), got {prefill_chunk}")
-        args |= dict(enable_prefix_caching=False, enable_chunked_prefill=False,
-                     hf_overrides={**args["hf_overrides"], PREFILL_CHUNK_KEY: prefill_chunk})
-        if max_model_len is not None:  # every prompt in one step
-            args["max_num_batched_tokens"] = max(max_model_len, 2048)
+        if max_num_batched_tokens is not None and max_num_batched_tokens < (prefill_chunk or 1):
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is below one MELT chunk "
+                             f"(prefill_chunk={prefill_chunk}): no prompt could ever be scheduled")
+        args |= dict(enable_prefix_caching=True, enable_chunked_prefill=True, scheduler_cls=MELT_SCHEDULER,
+                     hf_overrides={**args.get("hf_overrides", {}), PREFILL_CHUNK_KEY: prefill_chunk})
     elif prefill_chunk is not None:
         raise ValueError(f"{checkpoint}: prefill_chunk is MELT's setting; this checkpoint is {kind!r}")
     return args | (overrides or {})
@@ -125,7 +134,7 @@ class VllmEngine:
                       stop_strings=list(params.stop_strings), seed=params.seed)
         answer = self._ask({"op": "generate", "prompts": [list(map(int, p)) for p in prompts], "params": fields,
                             "logprobs": logprobs, "max_new_tokens_each": max_new_tokens_each})
-        self.last_seconds = answer["seconds"]
+        self.last_seconds, self.counters = answer["seconds"], answer["counters"]
         out = []
         for samples in answer["outputs"]:
             row = []

@@ -6,6 +6,7 @@ stderr, which the parent passes on to its log).
     {"op": "start", "engine": {...vllm.LLM keywords, from serving.engine_args...}}
     {"op": "generate", "prompts": [[ids], ...], "params": {...melt_core SamplingParams fields...},
      "logprobs": false, "max_new_tokens_each": null or [n, ...] (a budget per prompt, over the params')}
+     -> {"outputs": ..., "seconds": s, "counters": {preemptions, prefix_cache_queries, prefix_cache_hits}}
     {"op": "stop"}
 
 Each reply is {"ok": true, ...} or {"ok": false, "error": "<type>: <message>"}; the process ends on
@@ -49,6 +50,15 @@ def outputs(request_output, logprobs: bool) -> list[dict]:
     return out
 
 
+COUNTERS = {"preemptions": "vllm:num_preemptions", "prefix_cache_queries": "vllm:prefix_cache_queries",
+            "prefix_cache_hits": "vllm:prefix_cache_hits"}  # vLLM's own counters, totals since the engine started
+
+
+def counters(llm) -> dict[str, int]:
+    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return {key: int(values.get(name, 0)) for key, name in COUNTERS.items()}
+
+
 def main() -> None:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's prints and logs go to stderr
@@ -80,7 +90,8 @@ def main() -> None:
                 results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
                                        [sampling(req["params"], p, want, n) for p, n in zip(prompts, budgets)],
                                        use_tqdm=False)
-                answer = {"outputs": [outputs(r, want) for r in results], "seconds": time.perf_counter() - t0}
+                answer = {"outputs": [outputs(r, want) for r in results], "seconds": time.perf_counter() - t0,
+                          "counters": counters(llm)}
             else:
                 raise ValueError(f"unknown op {req['op']!r}")
             reply.write(json.dumps({"ok": True, **answer}) + "\n")

@@ -20,7 +20,7 @@ from melt_core import checkpoint as ck
 from melt_core.config import ModelConfig
 from melt_core.generate import SamplingParams, generate
 from melt_core.model import LoopedLM
-from melt_core.serving import VllmEngine, engine_args, vllm_python
+from melt_core.serving import MELT_SCHEDULER, VllmEngine, engine_args, vllm_python
 
 try:
     vllm_python()
@@ -135,30 +135,84 @@ def test_sixteen_samples_of_one_prompt_score_as_melt_core(name, checkpoints, eng
     assert [s.token_ids for s in again] == [s.token_ids for s in samples]
 
 
-@pytest.mark.parametrize("name", ["ouro", "melt-elementwise", "melt-ema"])
-def test_a_recomputed_sequence_continues_as_it_decoded(name, engines):
-    """What vLLM does to a preempted sequence: it frees its cache and later prefills prompt and tokens so
-    far as one prompt. MELT's prompt path computes those token by token, so the recomputed rows are the
-    decoded rows and the continuation is the same (with prefill_chunk C the recomputed tokens would be
-    chunked too: docs/CHOICES.md). Asserted directly, as vLLM 0.32 did not preempt at the smallest cache
-    it accepts here."""
-    params = SamplingParams(max_new_tokens=30, greedy=True)
-    full = engines(name).generate(PROMPTS[:3], params)
-    resumed = engines(name).generate([p + row[0].token_ids[:10] for p, row in zip(PROMPTS, full)],
-                                     SamplingParams(max_new_tokens=20, greedy=True))
-    assert [r[0].token_ids for r in resumed] == [row[0].token_ids[10:] for row in full]
+def _random_prompts(count: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 64, (int(torch.randint(lo, hi + 1, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(count)]
 
 
-def test_a_melt_prompt_split_over_steps_is_refused(checkpoints):
-    """Chunked prefill (forced on, against engine_args) would split a prompt over steps: the model
-    refuses the step instead of computing rows that differ from melt_core's."""
-    args = engine_args(checkpoints["melt-elementwise"], dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20)
-    assert not args["enable_chunked_prefill"] and not args["enable_prefix_caching"]
-    with VllmEngine(checkpoints["melt-elementwise"], dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20,
-                    max_num_seqs=8, overrides=dict(enable_chunked_prefill=True, max_num_batched_tokens=16,
-                                   long_prefill_token_threshold=8)) as engine:
-        with pytest.raises(RuntimeError, match="prompt must be computed in one step"):
-            engine.generate([list(range(1, 41)), [1, 2]], SamplingParams(max_new_tokens=4, greedy=True))
+def _tokens(rows) -> list[list[list[int]]]:
+    return [[c.token_ids for c in row] for row in rows]
+
+
+def _engine(checkpoint, prefill_chunk=None, kv_cache_bytes=64 << 20, **kw):
+    """A MELT engine with blocks of 32 tokens (the CPU backend's least), started for one test."""
+    return VllmEngine(checkpoint, dtype="float32", max_model_len=256, max_num_seqs=16, kv_cache_bytes=kv_cache_bytes,
+                      prefill_chunk=prefill_chunk, overrides={"block_size": 32}, **kw)
+
+
+def test_prompts_of_several_chunks_batch_with_decode_steps_at_a_small_token_budget(checkpoints):
+    """Prompts of 4-8 chunks of C = 8 beside short ones that start decoding at once, in engine steps of
+    16 tokens: vLLM's scheduler interleaves prefill chunks with decode tokens, and every sequence gets
+    the tokens the native engine gives with the same cut."""
+    path = checkpoints["melt-elementwise"]
+    prompts = _random_prompts(4, 33, 61, seed=1) + PROMPTS
+    params = SamplingParams(max_new_tokens=16, greedy=True, stop_token_ids=STOP)
+    want = _tokens(native(path, prompts, params, 8))
+    with _engine(path, 8, max_num_batched_tokens=16) as engine:
+        assert _tokens(engine.generate(prompts, params)) == want
+    assert want != _tokens(native(path, prompts, params))  # the cut matters here: the equality says something
+
+
+@pytest.mark.parametrize("chunk", [None, 4], ids=["token by token", "chunks of 4"])
+def test_preempted_sequences_continue_as_if_never_preempted(chunk, checkpoints):
+    """16 sequences of ~170 tokens in a KV pool of 24 blocks of 32 tokens: vLLM preempts them (and later
+    recomputes prompt + generated tokens); each sequence's tokens are the native engine's, which never
+    preempts."""
+    path = checkpoints["melt-ema"]
+    prompts = _random_prompts(16, 5, 14, seed=2)
+    params = SamplingParams(max_new_tokens=160, greedy=True)
+    want = _tokens(native(path, prompts, params, chunk))
+    with _engine(path, chunk, kv_cache_bytes=24 * 32 * 1024) as engine:  # 1 KiB a token: 2 layers x K, V x 64 x 4 B
+        got = _tokens(engine.generate(prompts, params))
+        preempted = engine.counters["preemptions"]
+    assert preempted > 0, "the pool held every sequence: nothing was preempted, so nothing was tested"
+    assert got == want
+
+
+def test_samples_share_their_prompt_and_other_cuts_do_not(checkpoints):
+    """Prefix caching for MELT. n = 8 samples of a 40-token prompt computed token by token (every
+    block edge is a chunk start) compute it once: each later sample hits its first block, 32 tokens, and every sample's
+    tokens carry the exact forward's log-probabilities. With C = 4, a prompt of the same length with a
+    shared 40-token prefix reuses 32 tokens (its chunks start at the same places); one a token shorter
+    reuses none (its chunks start elsewhere), nor does a follow-up prompt that holds an earlier prompt
+    and its answer (whose rows were decoded one at a time); all generate as the native engine."""
+    path = checkpoints["melt-elementwise"]
+    prompt = _random_prompts(1, 40, 40, seed=3)[0]
+    with _engine(path) as engine:
+        samples = engine.generate([prompt], SamplingParams(max_new_tokens=8, temperature=1.0, n=8, seed=5),
+                                  logprobs=True)[0]  # seeded, over 40 steps of prompt: vLLM's CPU generators
+        assert engine.counters["prefix_cache_hits"] >= 7 * 32, engine.counters
+    for s in samples:
+        assert s.logprobs == pytest.approx(exact_logprobs(path, prompt, s.token_ids), abs=LOGPROB_ATOL)
+    a = _random_prompts(1, 44, 44, seed=4)[0]
+    same_cut, other_cut = a[:40] + [5, 6, 7, 8], a[:40] + [5, 6, 7]
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    with _engine(path, 4) as engine:
+        answer = engine.generate([a], SamplingParams(max_new_tokens=20, greedy=True))[0][0].token_ids
+        first = engine.counters["prefix_cache_hits"]
+        # a follow-up holding the answer: its first 64 tokens are cached, the answer's computed token by token
+        follow_up = a + answer + [5, 6, 7, 8]
+        got = [engine.generate([p], params)[0] for p in (same_cut, other_cut, follow_up)]
+        assert engine.counters["prefix_cache_hits"] - first == 32, engine.counters  # same_cut's 1 block only
+    assert _tokens(got) == _tokens(native(path, [same_cut, other_cut, follow_up], params, 4))
+
+
+def test_melt_under_vllm_own_scheduler_is_refused(checkpoints):
+    """vLLM's own scheduler would cut MELT prompts where its token budget ends: the model refuses it."""
+    with pytest.raises(RuntimeError, match="needs vLLM's scheduler_cls"):
+        VllmEngine(checkpoints["melt-elementwise"], dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20,
+                   overrides={"scheduler_cls": "vllm.v1.core.sched.scheduler.Scheduler"}, log=open(os.devnull, "w"))
 
 
 def test_melt_window_is_refused_by_name(tmp_path):
@@ -168,12 +222,19 @@ def test_melt_window_is_refused_by_name(tmp_path):
         VllmEngine(path, dtype="float32", max_model_len=256, kv_cache_bytes=64 << 20, log=open(os.devnull, "w"))
 
 
-def test_engine_args_for_ouro_keep_vllm_defaults(checkpoints):
-    args = engine_args(checkpoints["ouro"], max_model_len=256)
-    assert "enable_prefix_caching" not in args and args["hf_overrides"] == {"architectures": ["OuroForCausalLM"]}
+def test_engine_args_for_ouro_keep_vllm_defaults_and_melt_gets_its_scheduler(checkpoints):
+    args = engine_args(checkpoints["ouro"], max_model_len=256, kv_cache_bytes=1 << 26)
+    assert "enable_prefix_caching" not in args and "scheduler_cls" not in args and "hf_overrides" not in args
     assert args["trust_remote_code"] is False
+    for name, arch in (("ouro", "OuroForCausalLM"), ("melt-mean", "MeltForCausalLM")):  # as the hub's name theirs
+        assert json.loads((checkpoints[name] / "config.json").read_text())["architectures"] == [arch]
+    melt = engine_args(checkpoints["melt-mean"], prefill_chunk=8, kv_cache_bytes=1 << 26)
+    assert melt["scheduler_cls"] == MELT_SCHEDULER and melt["enable_chunked_prefill"] and melt["enable_prefix_caching"]
+    assert melt["hf_overrides"] == {"melt_prefill_chunk": 8}
     with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
-        engine_args(checkpoints["melt-mean"], prefill_chunk=0)
+        engine_args(checkpoints["melt-mean"], prefill_chunk=0, kv_cache_bytes=1 << 26)
+    with pytest.raises(ValueError, match="below one MELT chunk"):
+        engine_args(checkpoints["melt-mean"], prefill_chunk=32, max_num_batched_tokens=16, kv_cache_bytes=1 << 26)
 
 
 @pytest.fixture(scope="module")
@@ -244,3 +305,50 @@ def test_the_dense_baseline_runs_as_vllm_own_qwen3(tmp_path):
                     kv_cache_bytes=64 << 20) as engine:
         got = engine.generate(PROMPTS, params)
     assert [[c.token_ids for c in row] for row in got] == [[c.token_ids for c in row] for row in want]
+
+
+def test_vllm_serve_answers_completions_as_the_native_engine(checkpoints, tmp_path):
+    """`vllm serve` (vLLM's OpenAI-compatible server, the serving environment's own command) on a MELT
+    checkpoint with the README's flags: a completions request gives the native engine's tokens."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    path = checkpoints["melt-ema"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(vllm_python().parent / "vllm"), "serve", str(path), "--dtype", "float32", "--port", str(port),
+           "--scheduler-cls", MELT_SCHEDULER, "--enable-chunked-prefill", "--enable-prefix-caching",
+           "--hf-overrides", json.dumps({"melt_prefill_chunk": 4}), "--kv-cache-memory-bytes", str(64 << 20),
+           "--max-model-len", "256", "--block-size", "32", "--skip-tokenizer-init"]
+    log = open(tmp_path / "serve.log", "w")
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+
+    def ask(prompt):
+        body = json.dumps({"model": str(path), "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                           "return_token_ids": True}).encode()
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return json.load(answer)["choices"][0]["token_ids"]
+
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "vllm serve did not start in 240 s"
+                time.sleep(2)
+        got = [ask(p) for p in PROMPTS]
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    want = [row[0].token_ids for row in native(path, PROMPTS, SamplingParams(max_new_tokens=12, greedy=True), 4)]
+    assert got == want
+    assert len({t for row in want for t in row}) > 3  # varied tokens: the equality says something
