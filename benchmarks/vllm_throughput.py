@@ -10,8 +10,14 @@ for like. Memory: the native engine plans its batches from eval_throughput's bud
 less the model's weights, as its paged KV cache (activations are outside it: vLLM is given a little
 more). The rounds interleave the four configurations, so a change of machine load hits all alike.
 
-    python benchmarks/vllm_throughput.py            # cpu-mid shape (head dim 64), 8 prompts x 4 samples, mean 192
-    python benchmarks/vllm_throughput.py --quick    # tiny shape (head dim 32), seconds
+    python benchmarks/vllm_throughput.py            # cpu-mid shape (head dim 64), 8 prompts of 4-8 chunks x 4 samples
+    python benchmarks/vllm_throughput.py --quick    # tiny shape (head dim 32), 4 prompts of 4-8 chunks x 3 samples
+
+The paper's shape of work: prompts of at least 4 chunks of CHUNK, several samples a prompt (in vLLM
+each sample is its own request: they share the prompt's cached blocks), completions of skewed
+length, the same memory for both models, small enough that Ouro holds only a few sequences. Each
+vLLM row also gives the preemptions and prefix-cache hit tokens of its engine (totals over the run)
+and ``kv_sequences``: how many sequences of the workload's longest length its KV memory holds.
 
 Reports tok/s (median of the rounds, with the range), vLLM / native per model, and MELT / Ouro within
 each engine (the issue's goal: >= 2x at equal memory in vLLM).
@@ -29,6 +35,7 @@ import torch
 from eval_throughput import STOP, default_budget, stop_with_probability, workload  # noqa: I001
 
 from melt_core import ModelConfig, melt_from_ouro, save_pretrained
+from melt_core import generate as gen
 from melt_core.generate import SamplingParams, generate
 from melt_core.profiler import build_random, save_benchmark, weight_bytes
 from melt_core.serving import VllmEngine
@@ -47,6 +54,8 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
     each = [p for p in prompts for _ in range(samples)]
     seconds: dict[tuple[str, str], list[float]] = {}
     tokens: dict[str, int] = {}
+    counters: dict[str, dict] = {}
+    kv_bytes = {name: max(budget - weight_bytes(model), 4 << 20) for name, model in models.items()}
     with tempfile.TemporaryDirectory() as tmp:
         engines = {}
         try:
@@ -55,7 +64,7 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
                 engines[name] = VllmEngine(path, dtype=dtype, max_model_len=max_len, max_num_seqs=256,
                                            # at least 4 MiB: vLLM's least (a whole sequence in 16-token
                                            # blocks) is more than a tiny shape's budget leaves
-                                           kv_cache_bytes=max(budget - weight_bytes(model), 4 << 20),
+                                           kv_cache_bytes=kv_bytes[name],
                                            log=log or open(Path(tmp) / "log", "a"),
                                            prefill_chunk=chunk if model.config.is_melt else None)
             for _ in range(rounds):
@@ -74,6 +83,7 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
                     t0 = time.perf_counter()
                     got = engines[name].generate(each, one, max_new_tokens_each=lengths)
                     seconds.setdefault((name, "vLLM"), []).append(time.perf_counter() - t0)
+                    counters[name] = engines[name].counters
                     if [len(r[0].token_ids) for r in got] != lengths:
                         raise SystemExit(f"{name}: vLLM did not generate the native lengths")
                     t0 = time.perf_counter()
@@ -91,6 +101,9 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
                      "memory_bytes": budget, "seconds": round(statistics.median(secs), 2),
                      "tok_s": round(statistics.median(rates), 1), "tok_s_min": round(rates[0], 1),
                      "tok_s_max": round(rates[-1], 1)})
+        if engine == "vLLM":
+            per_sequence = gen.cache_bytes_per_sequence(models[name], max_len)
+            rows[-1] |= {**counters[name], "kv_bytes": kv_bytes[name], "kv_sequences": kv_bytes[name] // per_sequence}
     return rows
 
 
@@ -101,6 +114,9 @@ def table(rows: list[dict]) -> str:
              "|---|---|---:|---:|---:|---|"]
     lines += [f"| {r['model']} | {r['engine']} | {r['tokens']} | {r['seconds']:.2f} | {r['tok_s']:.1f} | "
               f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f} |" for r in rows]
+    lines += ["", *(f"vLLM {m}: {r['preemptions']} preemptions, {r['prefix_cache_hits']} prefix-cache hit tokens, KV "
+                    f"memory for {r['kv_sequences']} sequences of the longest length" for r in rows
+                    if r["engine"] == "vLLM" for m in [r["model"]])]
     lines += ["", *(f"vLLM / native, {m}: {by[m, 'vLLM'] / by[m, 'native']:.2f}" for m in names)]
     if len(names) == 2:
         ouro, melt = names
@@ -113,7 +129,7 @@ def main() -> None:
     p.add_argument("--shape", choices=sorted(SPEED_SHAPES), default="cpu-mid")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=8 * CHUNK, help="prompts of half this to this many tokens")
     p.add_argument("--mean-new", type=float, default=192)
     p.add_argument("--max-new", type=int, default=1024)
     p.add_argument("--ouro-rows", type=float, default=2.5)
@@ -122,7 +138,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("results/benchmarks/vllm_throughput"))
     a = p.parse_args()
     if a.quick:
-        a.shape, a.prompts, a.samples, a.prompt_len, a.mean_new, a.max_new, a.rounds = "tiny", 4, 3, 16, 24, 96, 2
+        a.shape, a.prompts, a.samples, a.mean_new, a.max_new, a.rounds = "tiny", 4, 3, 48, 192, 2
     ouro = build_random(ModelConfig(model_type="ouro", **SPEED_SHAPES[a.shape]), torch.float32)
     models = {"Ouro": ouro, "MELT": melt_from_ouro(ouro)}
     prompts = workload(ouro.config.vocab_size, a.prompts, a.prompt_len)

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .config import ARCHITECTURES, ConfigError, ModelConfig
+from .config import ARCHITECTURES, LEARNED_GATES, ConfigError, ModelConfig
 from .model import LoopedLM
 
 WEIGHTS = "model.safetensors"
@@ -73,7 +73,7 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if cfg.tie_word_embeddings:
         keys.pop("lm_head.weight")
     layer_keys = dict(LAYER_KEYS)
-    if cfg.is_melt and cfg.gate in ("elementwise", "scalar"):
+    if cfg.is_melt and cfg.gate in LEARNED_GATES:
         layer_keys.update(GATE_KEYS)
     for i in range(cfg.num_hidden_layers):
         keys.update({f"model.layers.{i}.{k}": shape(s) for k, s in layer_keys.items()})

@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 
 MODEL_TYPES = ("ouro", "melt")
 GATE_VARIANTS = ("elementwise", "scalar", "mean", "ema", "last")
+LEARNED_GATES = ("elementwise", "scalar")  # the gates with parameters (W_z, U_z, b_z); the rest have none
 GATE_H0 = ("zeros", "first")
 
 # melt_core's own provenance records, written beside the model fields of a checkpoint's

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .config import GATE_VARIANTS, ConfigError
+from .config import GATE_VARIANTS, LEARNED_GATES, ConfigError
 
 
 class LatentGate(nn.Module):
@@ -25,14 +25,14 @@ class LatentGate(nn.Module):
         if variant not in GATE_VARIANTS:
             raise ConfigError(f"unknown gate variant {variant!r}; choose one of {GATE_VARIANTS}")
         self.variant, self.h0, self.ema_z = variant, h0, ema_z
-        if variant in ("elementwise", "scalar"):
+        if variant in LEARNED_GATES:
             width = hidden_size if variant == "elementwise" else 1
             self.input_proj = nn.Linear(hidden_size, width, bias=True)  # W_z, b_z
             self.state_proj = nn.Linear(hidden_size, width, bias=False)  # U_z
 
     @property
     def learned(self) -> bool:
-        return self.variant in ("elementwise", "scalar")
+        return self.variant in LEARNED_GATES
 
     def reset_parameters(self, std: float, bias: float, generator: torch.Generator | None = None) -> None:
         if not self.learned:

@@ -94,11 +94,14 @@ class VllmEngine:
     context manager, or ``close()``. ``log``: where the engine's output goes (default: this stderr)."""
 
     def __init__(self, checkpoint: str | Path, log=None, **engine_kwargs):
+        from .checkpoint import read_config  # torch: only where an engine is started
+
         self.engine = engine_args(checkpoint, **engine_kwargs)
         config = json.loads((Path(checkpoint) / "config.json").read_text())
         self.num_loops = int(config.get("total_ut_steps", 1))  # every token runs every loop here
         self.max_model_len = engine_kwargs.get("max_model_len") or config.get("max_position_embeddings")
-        self.config = None  # not a melt_core model: no exit defaults to read
+        # the checkpoint's ModelConfig, as a loaded model carries it (its exit defaults); a dense one has none
+        self.config = read_config(checkpoint) if model_type(checkpoint) in ARCHITECTURES else None
         # the engine in the worker's own process (one process to start, not two);
         # its threads not pinned to cores the caller may be using (a user's setting is kept)
         env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ConfigError, ModelConfig
+from .config import LEARNED_GATES, ConfigError, ModelConfig
 
 
 @dataclass
@@ -193,7 +193,7 @@ class TrainConfig:
             if getattr(student, f) != getattr(teacher, f):
                 raise ConfigError(f"teacher and student differ in {f}: {getattr(teacher, f)} vs "
                                   f"{getattr(student, f)}; the student must be converted from this teacher")
-        has_gate_params = student.gate in ("elementwise", "scalar")
+        has_gate_params = student.gate in LEARNED_GATES
         if self.lr_gate is not None and not has_gate_params:
             raise ConfigError(f"train config field `lr_gate`: set to {self.lr_gate} but gate "
                               f"{student.gate!r} has no parameters; set lr_gate: null")

@@ -101,12 +101,16 @@ class LoopedForCausalLM(nn.Module):
         return self.lm.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
-        """The checkpoint as melt_core loads it (shapes against the headers, sha256 manifest, no NaN/inf);
-        vLLM's own reading of the same files is drained unused."""
-        for _ in weights:
-            pass
-        first = next(self.lm.parameters())
-        loaded = ck.load_pretrained(self.path, dtype=first.dtype, device=first.device)
-        self.lm.load_state_dict(loaded.state_dict())
-        self.lm.inv_freq = loaded.inv_freq.to(first.device)
+        """vLLM's one reading of the checkpoint's files, with melt_core's load checks: the config's
+        dimensions against the files' headers and the sha256 manifest before a tensor is taken, and no
+        NaN or inf in any (as ``checkpoint.load_pretrained``)."""
+        ck.check_shapes(ck.read_shapes(self.path), self.cfg, str(self.path))
+        ck.verify_checksums(self.path)
+        state = dict(weights)
+        ck.check_finite(state, str(self.path))
+        missing, unexpected = self.lm.load_state_dict(state, strict=False)  # copies into the model's own storage
+        tied = {"lm_head.weight"} if self.cfg.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise ck.CheckpointError(f"{self.path}: weights missing {sorted(set(missing) - tied)}, "
+                                     f"unexpected {sorted(unexpected)}")
         return {name for name, _ in self.named_parameters()}

@@ -76,6 +76,9 @@ class MeltScheduler(Scheduler):
         if not self.melt or num_new_tokens == 0:
             return num_new_tokens
         piece = next_chunk_end(num_computed_tokens, request.num_prompt_tokens, self.chunk) - num_computed_tokens
+        if piece > request.num_tokens - num_computed_tokens:  # waiting would never end: fail loudly instead
+            raise RuntimeError(f"MELT in vLLM: the chunk after {num_computed_tokens} tokens needs {piece} tokens, "
+                               f"and only {request.num_tokens - num_computed_tokens} are known")
         if num_new_tokens < piece or self._sibling_computing(request):
             return 0  # the whole chunk in a later step
         self._writing.append((request.request_id, num_computed_tokens, num_computed_tokens + piece))

@@ -186,7 +186,8 @@ def test_samples_share_their_prompt_and_other_cuts_do_not(checkpoints):
     tokens carry the exact forward's log-probabilities. With C = 4, a prompt of the same length with a
     shared 40-token prefix reuses 32 tokens (its chunks start at the same places); one a token shorter
     reuses none (its chunks start elsewhere), nor does a follow-up prompt that holds an earlier prompt
-    and its answer (whose rows were decoded one at a time); all generate as the native engine."""
+    and its answer (whose rows were decoded one at a time), nor a repeated prompt whose cached block
+    ends inside one of its chunks; all generate as the native engine."""
     path = checkpoints["melt-elementwise"]
     prompt = _random_prompts(1, 40, 40, seed=3)[0]
     with _engine(path) as engine:
@@ -203,9 +204,12 @@ def test_samples_share_their_prompt_and_other_cuts_do_not(checkpoints):
         first = engine.counters["prefix_cache_hits"]
         # a follow-up holding the answer: its first 64 tokens are cached, the answer's computed token by token
         follow_up = a + answer + [5, 6, 7, 8]
-        got = [engine.generate([p], params)[0] for p in (same_cut, other_cut, follow_up)]
+        # a 42-token prompt twice: its cached first block ends at 32, where none of its chunks starts (2, 6, ...)
+        shorter = a[:42]
+        asked = (same_cut, other_cut, follow_up, shorter, shorter)
+        got = [engine.generate([p], params)[0] for p in asked]
         assert engine.counters["prefix_cache_hits"] - first == 32, engine.counters  # same_cut's 1 block only
-    assert _tokens(got) == _tokens(native(path, [same_cut, other_cut, follow_up], params, 4))
+    assert _tokens(got) == _tokens(native(path, list(asked), params, 4))
 
 
 def test_melt_under_vllm_own_scheduler_is_refused(checkpoints):

@@ -14,6 +14,7 @@ from model_id import ModelId
 from verdicts import interval
 
 from melt_core.checkpoint import load_pretrained
+from melt_core.config import LEARNED_GATES
 from melt_core.data import load_tokenizer, prompt_ids, read_jsonl
 from melt_core.gate import mean_retention
 
@@ -66,7 +67,7 @@ with rule_context(sm, "report"):
         candidates += [("untrained", seed, Path(path)) for seed, path in sm.params.untrained.items()]
         for run, seed, path in candidates:
             model = load_pretrained(path)
-            if model.config.gate not in ("elementwise", "scalar", "ema"):
+            if model.config.gate not in (*LEARNED_GATES, "ema"):
                 continue
             tok = load_tokenizer(path)
             ids = [prompt_ids(r, tok, SETTINGS["template"]) for r in test]

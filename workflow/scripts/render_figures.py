@@ -18,6 +18,8 @@ from common import rule_context
 from model_id import ModelId, parse_run
 from report_common import Results
 
+from melt_core.config import LEARNED_GATES
+
 sm = snakemake
 
 
@@ -109,7 +111,7 @@ def gate_values(r: Results, ax):
     layer, integer loops."""
     from matplotlib.ticker import MaxNLocator
 
-    learned = r.gates[r.gates.gate.isin(["elementwise", "scalar"])]
+    learned = r.gates[r.gates.gate.isin(LEARNED_GATES)]
     if learned.empty:
         ax.text(0.5, 0.5, "no learned gate in this run", ha="center")
         return

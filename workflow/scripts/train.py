@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
+from melt_core.config import LEARNED_GATES
 from melt_core.launch import launch
 from melt_core.tracking import config_hash
 
@@ -37,7 +38,7 @@ train_cfg = {
     "phases": sm.params.phases,
     **sm.params.switches,  # the recipe's switches: kd_loops, chunk_size
 }
-if gate not in ("elementwise", "scalar"):
+if gate not in LEARNED_GATES:
     train_cfg["lr_gate"] = None  # parameter-free gates have nothing to give a learning rate to
 
 with rule_context(sm, "train") as log:
