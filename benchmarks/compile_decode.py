@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.profiler import build_random, save_benchmark
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, save_benchmark
 
 
 def compiled(model, how: str):

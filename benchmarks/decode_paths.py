@@ -16,9 +16,9 @@ import time
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.early_exit import ExitRule, decode_step
-from melt_core.profiler import build_random
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.early_exit import ExitRule, decode_step
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ MELT/Ouro ratio. Weights are random: speed depends on shapes, not on values.
     python benchmarks/decode_speed.py --kv-budget-mb 800 --contexts 4096
         # equal KV memory: each model decodes the largest batch whose cache fits the budget
     python benchmarks/decode_speed.py --paths static --contexts 256 1024
-        # each model's ordinary decode step against the static-shape step (melt_core/static_decode.py;
+        # each model's ordinary decode step against the static-shape step (melt_core/generation/static_decode.py;
         # captured on a CUDA graph on a GPU), all four in turn in one run
 
 Per decode step MELT reads as many K/V rows as Ouro (T loops x N layers x L rows); what it
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.profiler import build_random, compare_decode, decode_ratio_table, save_benchmark, with_static_twins
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, compare_decode, decode_ratio_table, save_benchmark, with_static_twins
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.early_exit import ExitRule
-from melt_core.profiler import build_random, compare_decode, save_benchmark
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.early_exit import ExitRule
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, compare_decode, save_benchmark
 
 
 def main() -> None:

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-import melt_core.generate as gen
+import melt_core.generation.generate as gen
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.generate import SamplingParams, generate
-from melt_core.profiler import build_random, save_benchmark
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, save_benchmark
 
 STOP = 0  # the stop token id
 

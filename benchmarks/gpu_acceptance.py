@@ -1,5 +1,5 @@
 """GPU acceptance: what the cost plan assumes, measured on the device at hand, beside the limit the
-hardware sets (melt_core/plan.py's roofline). One command, under 10 minutes on one GPU:
+hardware sets (melt_core/ops/plan.py's roofline). One command, under 10 minutes on one GPU:
 
     python benchmarks/gpu_acceptance.py                              # real shapes, bf16, cuda
     python benchmarks/gpu_acceptance.py --device cpu --shape tiny    # every code path, in seconds (the tests)
@@ -8,7 +8,7 @@ Random weights: speed and memory depend on shapes, not values. It measures, for 
 MELT-1.6B (at ``--shape real``; a CPU-sized shape of the same proportions otherwise):
 
 * decode: tok/s of our own decode loop at batch 1 and at the batch the memory plan allows, at each
-  context (4K and 32K), the models taking turns (melt_core.profiler.compare_decode), beside the
+  context (4K and 32K), the models taking turns (melt_core.ops.profiler.compare_decode), beside the
   roofline (every loop's weights and every K/V row each loop attends to, over HBM bandwidth);
 * prefill: tok/s of the same runs' prefill (MELT in chunks of ``--prefill-chunk``, as the paper
   config prefills), beside its FLOP roofline;
@@ -18,7 +18,7 @@ MELT-1.6B (at ``--shape real``; a CPU-sized shape of the same proportions otherw
 * training: a few chunk-wise training steps at the shape (tok/s, peak memory) beside the FLOP
   roofline, parallel Ouro distillation beside it;
 * batching: continuous vs static on benchmarks/eval_throughput.py's skewed-length workload;
-* vLLM: the same workload in vLLM (melt_core/vllm_models.py) beside the native engine, at the same
+* vLLM: the same workload in vLLM (melt_core/serving/vllm_models.py) beside the native engine, at the same
   memory, with its prefill alone (benchmarks/vllm_throughput.py; ``--no-vllm`` skips it).
 
 It writes ``<out>/gpu_acceptance.json`` and ``.md``; the JSON's ``plan_rates`` is what the cost
@@ -35,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-import melt_core.generate as gen
+import melt_core.generation.generate as gen
 from melt_core import ModelConfig, melt_from_ouro
-from melt_core.generate import SamplingParams
-from melt_core.plan import ASSUMPTIONS, decode_step_bytes, forward_flops_per_token, train_flops_per_token
-from melt_core.profiler import build_random, compare_decode, train_throughput, with_static_twins
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.generation.generate import SamplingParams
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.plan import ASSUMPTIONS, decode_step_bytes, forward_flops_per_token, train_flops_per_token
+from melt_core.ops.profiler import build_random, compare_decode, train_throughput, with_static_twins
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eval_throughput  # noqa: E402

@@ -1,4 +1,4 @@
-"""What loading's two whole-file checks cost at the paper's shape (melt_core.checkpoint.load_pretrained):
+"""What loading's two whole-file checks cost at the paper's shape (melt_core.modeling.checkpoint.load_pretrained):
 the sha256 pass over every file (checksums.json) and the NaN/inf pass over every weight, each timed
 on the same Ouro-1.4B-shaped checkpoint (random bf16 weights: the cost depends on bytes, not values),
 interleaved round by round.
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from melt_core.checkpoint import check_finite, read_shapes, read_state_dict, save_pretrained, verify_checksums
-from melt_core.config import ModelConfig
-from melt_core.profiler import build_random
+from melt_core.modeling.checkpoint import check_finite, read_shapes, read_state_dict, save_pretrained, verify_checksums
+from melt_core.modeling.config import ModelConfig
+from melt_core.ops.profiler import build_random
 
 ROOT = Path(__file__).resolve().parents[1]
 

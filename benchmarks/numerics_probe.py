@@ -43,11 +43,11 @@ PIN_SETS = {**{k: pinned_env({"kernels": k}) for k in KERNELS}, "unpinned": {}}
 CHILD = r'''
 import hashlib, json, torch
 import torch.nn.functional as F
-from melt_core.checkpoint import melt_from_ouro
-from melt_core.config import ModelConfig
-from melt_core.losses import kd_loss_sum, lm_loss_sum
-from melt_core.model import LoopedLM
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.checkpoint import melt_from_ouro
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.losses import kd_loss_sum, lm_loss_sum
+from melt_core.modeling.model import LoopedLM
+from melt_core.modeling.shapes import SPEED_SHAPES
 torch.manual_seed(0)
 def h(t): return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
 def params(m): return torch.cat([p.detach().flatten() for p in m.parameters()])

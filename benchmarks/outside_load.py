@@ -30,10 +30,10 @@ MKL_PINNED = {k: v for k, v in KERNELS["avx2"].items() if k.startswith("MKL")}  
 
 TEACHER = """
 import os, sys, time, torch
-from melt_core.config import ModelConfig
-from melt_core.losses import lm_loss_sum
-from melt_core.model import LoopedLM
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.losses import lm_loss_sum
+from melt_core.modeling.model import LoopedLM
+from melt_core.modeling.shapes import SPEED_SHAPES
 torch.set_num_threads(int(os.environ["TEACHER_THREADS"]))
 torch.manual_seed(0)
 cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["embedded"])
@@ -53,9 +53,9 @@ print(sorted(times[1:])[len(times[1:]) // 2])
 
 PHASE = """
 import sys, torch
-from melt_core.config import ModelConfig
-from melt_core.profiler import train_throughput
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.config import ModelConfig
+from melt_core.ops.profiler import train_throughput
+from melt_core.modeling.shapes import SPEED_SHAPES
 torch.set_num_threads(1)
 cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["embedded"])
 rows = train_throughput(cfg, 208, 16, [16], steps=int(sys.argv[1]))

@@ -29,11 +29,11 @@ from numerics_probe import PIN_SETS, PINNED_VARS, machine  # noqa: E402
 
 CHILD = r'''
 import json, sys, time, torch
-from melt_core.checkpoint import melt_from_ouro
-from melt_core.config import ModelConfig
-from melt_core.losses import kd_loss_sum, lm_loss_sum
-from melt_core.model import LoopedLM
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.checkpoint import melt_from_ouro
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.losses import kd_loss_sum, lm_loss_sum
+from melt_core.modeling.model import LoopedLM
+from melt_core.modeling.shapes import SPEED_SHAPES
 which, steps = sys.argv[1], int(sys.argv[2])
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(0)

@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import torch
 
 from melt_core import ModelConfig, save_pretrained
-from melt_core.generate import SamplingParams, generate
-from melt_core.profiler import build_random, compare_decode, decode_ratio_table
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, compare_decode, decode_ratio_table
 
 
 def load_reference(modeling_dir: Path, checkpoint: Path, dtype: torch.dtype):

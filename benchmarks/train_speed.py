@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from melt_core import ModelConfig
-from melt_core.profiler import save_benchmark, train_throughput
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import save_benchmark, train_throughput
 
 
 def main() -> None:

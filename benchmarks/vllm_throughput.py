@@ -35,11 +35,11 @@ import torch
 from eval_throughput import STOP, default_budget, stop_with_probability, workload  # noqa: I001
 
 from melt_core import ModelConfig, melt_from_ouro, save_pretrained
-from melt_core import generate as gen
-from melt_core.generate import SamplingParams, generate
-from melt_core.profiler import build_random, save_benchmark, weight_bytes
-from melt_core.serving import VllmEngine
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.generation import generate as gen
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, save_benchmark, weight_bytes
+from melt_core.serving.vllm_engine import VllmEngine
 
 CHUNK = 64  # MELT's prompt chunk in both engines (eval_throughput's)
 

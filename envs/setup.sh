@@ -54,12 +54,25 @@ if [[ ! -x .venv-vllm/bin/python ]] || ! cmp -s "$vreq" "$vstamp"; then
     echo "setup: installing the serving environment failed; see $log" >&2
     exit 1
   fi
-  .venv-vllm/bin/python -c "import vllm, melt_core.vllm_plugin" 2>/dev/null || {
+  .venv-vllm/bin/python -c "import vllm, melt_core.serving.vllm_plugin" 2>/dev/null || {
     echo "setup: .venv-vllm does not import vllm" >&2; exit 1; }
   cp "$vreq" "$vstamp"
 fi
+# melt_core itself, installed editable in both: again whenever pyproject.toml changes, since its entry
+# points (the vLLM plugin's module path) are written at install time, not read from the source
+for env in .venv .venv-vllm; do
+  if ! cmp -s pyproject.toml "$env/.installed-pyproject"; then
+    if ! "$env/bin/pip" install --disable-pip-version-check --no-deps --no-build-isolation -e . \
+         > "$env/pip-install-melt.log" 2>&1; then
+      tail -n 20 "$env/pip-install-melt.log" >&2
+      echo "setup: installing melt_core into $env failed; see $env/pip-install-melt.log" >&2
+      exit 1
+    fi
+    cp pyproject.toml "$env/.installed-pyproject"
+  fi
+done
 # System packages from Debian, installed where we may (root with apt), else asked for:
-# - bubblewrap: HumanEval+ scoring runs model-written code only inside it (melt_core/sandbox.py),
+# - bubblewrap: HumanEval+ scoring runs model-written code only inside it (melt_core/evaluation/sandbox.py),
 #   and refuses to run without it;
 # - python3-numpy: the sandbox runs the system python3, and solutions to HumanEval+ may import numpy;
 # - chromium-headless-shell: the browse check (.ci/check_browse.py) opens the MLflow UI in it.

@@ -64,10 +64,10 @@ def pytest_make_collect_report(collector):
 @pytest.fixture(scope="session")
 def fixture_dir(tmp_path_factory) -> Path:
     """The reference checkpoint as the pipeline holds a hub snapshot: brought in by the download
-    rule's code (melt_core.download.fetch: structure checked, checksums.json written), since every
+    rule's code (melt_core.ops.download.fetch: structure checked, checksums.json written), since every
     load verifies that manifest. The repository keeps the snapshot in the hub's own layout."""
     assert FIXTURE.is_dir(), f"reference fixture missing at {FIXTURE} (it is part of the repository)"
-    from melt_core.download import fetch
+    from melt_core.ops.download import fetch
 
     return fetch(tmp_path_factory.mktemp("fixture") / FIXTURE.name, local_dir=FIXTURE)
 

@@ -14,7 +14,7 @@ import yaml
 from lighteval.models.model_output import ModelResponse
 
 from melt_core.data import DataError
-from melt_core.lighteval_tasks import InShard, builtin_task_configs, sample_correct
+from melt_core.evaluation.lighteval_tasks import InShard, builtin_task_configs, sample_correct
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "tests" / "fixtures" / "benchmarks"

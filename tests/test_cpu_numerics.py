@@ -18,10 +18,10 @@ from cpu_numerics import MARKER, PINNED_VARS, check, cpu_vendor, expected_branch
 # A few AdamW steps of the embedded teacher's shape (4 loops) with per-loop LM loss: the teacher's step.
 PROBE = """
 import hashlib, torch
-from melt_core.config import ModelConfig
-from melt_core.losses import lm_loss_sum
-from melt_core.model import LoopedLM
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.losses import lm_loss_sum
+from melt_core.modeling.model import LoopedLM
+from melt_core.modeling.shapes import SPEED_SHAPES
 torch.manual_seed(0)
 cfg = ModelConfig(model_type="ouro", **SPEED_SHAPES["embedded"])
 model = LoopedLM(cfg)

@@ -1,4 +1,4 @@
-"""Fail fast (melt_core.train.TrainingDiverged): a run whose loss or gradient norm stops being finite
+"""Fail fast (melt_core.training.train.TrainingDiverged): a run whose loss or gradient norm stops being finite
 stops at that step with one error, keeps its finite checkpoints, never writes `final`, marks its
 MLflow run failed, and a rerun with a lower learning rate resumes from the last checkpoint."""
 
@@ -10,9 +10,9 @@ import torch
 from test_train import cfg_for, read_metrics, start_ranks, weights
 from train_helpers import tiny_setup
 
-import melt_core.train
-from melt_core import checkpoint as ck
-from melt_core.train import TrainingDiverged, train
+import melt_core.training.train
+from melt_core.modeling import checkpoint as ck
+from melt_core.training.train import TrainingDiverged, train
 
 
 @pytest.fixture(scope="module")
@@ -73,18 +73,18 @@ def test_a_diverged_run_stops_at_its_first_nonfinite_step(setup):
 
 def test_a_rerun_with_a_lower_learning_rate_resumes_from_the_kept_checkpoint(setup, monkeypatch):
     """A divergence planted at step 5 (at lr 100 the first step already ruins the weights, so the
-    kept checkpoint would diverge again: README says to delete it then); the rerun with another
+    kept checkpoint would diverge again: docs/OPERATIONS.md says to delete it then); the rerun with another
     learning rate resumes from step 4, not from step 0, and its final records what it resumed after."""
-    real_step, real_losses = melt_core.train._step, melt_core.train._losses
-    monkeypatch.setattr(melt_core.train, "_losses", _nan_at({4}))
+    real_step, real_losses = melt_core.training.train._step, melt_core.training.train._losses
+    monkeypatch.setattr(melt_core.training.train, "_losses", _nan_at({4}))
     cfg = cfg_for(setup, "retuned", phases=STEPS, checkpoint_every=2)
     with pytest.raises(TrainingDiverged, match="step 5/10"):
         train(cfg)
     out = setup[0] / "retuned"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
-    monkeypatch.setattr(melt_core.train, "_losses", real_losses)
+    monkeypatch.setattr(melt_core.training.train, "_losses", real_losses)
     ran = []
-    monkeypatch.setattr(melt_core.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
+    monkeypatch.setattr(melt_core.training.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
     final = train({**cfg, "lr_model": cfg["lr_model"] / 10})
     assert ran == list(range(4, 10)), f"the rerun computed steps {ran}, not 5-10 from the kept checkpoint"
     info = json.loads((final / "config.json").read_text())
@@ -99,8 +99,8 @@ def test_after_a_divergence_any_other_change_still_starts_over(setup, monkeypatc
     with pytest.raises(TrainingDiverged):
         train(cfg)
     ran = []
-    real_step = melt_core.train._step
-    monkeypatch.setattr(melt_core.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
+    real_step = melt_core.training.train._step
+    monkeypatch.setattr(melt_core.training.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
     train({**cfg, "lr_model": 1e-3, "kd_temperature": 2.0})  # not only the learning rate changed
     assert ran[0] == 0
     assert list((setup[0] / "changed" / "superseded").iterdir())  # the diverged run set aside, kept
@@ -108,7 +108,7 @@ def test_after_a_divergence_any_other_change_still_starts_over(setup, monkeypatc
 
 def _nan_at(steps):
     """_losses returning NaN at the given 0-based steps (a planted, bounded divergence)."""
-    real = melt_core.train._losses
+    real = melt_core.training.train._losses
     seen = {"n": -1}
 
     def losses(*a, **k):
@@ -120,20 +120,20 @@ def _nan_at(steps):
 
 
 def test_skipped_steps_leave_the_weights_untouched_up_to_the_allowance(setup, monkeypatch):
-    real_losses = melt_core.train._losses
-    monkeypatch.setattr(melt_core.train, "_losses", _nan_at({2, 5}))
+    real_losses = melt_core.training.train._losses
+    monkeypatch.setattr(melt_core.training.train, "_losses", _nan_at({2, 5}))
     final = train(cfg_for(setup, "skip2", phases=STEPS, skip_nonfinite_steps=2, checkpoint_every=100))
     rows = read_metrics(setup[0] / "skip2")
     assert [r["step"] for r in rows if not math.isfinite(r["loss"])] == [3, 6]
     assert all(torch.isfinite(w).all() for w in weights(final).values())
-    monkeypatch.setattr(melt_core.train, "_losses", _nan_at({2, 5}))
+    monkeypatch.setattr(melt_core.training.train, "_losses", _nan_at({2, 5}))
     with pytest.raises(TrainingDiverged, match="step 6/10"):  # the second bad step is one too many
         train(cfg_for(setup, "skip1", phases=STEPS, skip_nonfinite_steps=1, checkpoint_every=100))
     # a skipped step takes no optimizer step: one bad step early leaves the weights where step 2 left them
-    monkeypatch.setattr(melt_core.train, "_losses", _nan_at({2}))
+    monkeypatch.setattr(melt_core.training.train, "_losses", _nan_at({2}))
     one = [{"name": "phase1", "steps": 3, "alpha_start": 1.0, "alpha_end": 1.0}]
     skipped = train(cfg_for(setup, "skip_last", phases=one, skip_nonfinite_steps=1, checkpoint_every=100))
-    monkeypatch.setattr(melt_core.train, "_losses", real_losses)
+    monkeypatch.setattr(melt_core.training.train, "_losses", real_losses)
     two = train(cfg_for(setup, "two_steps", phases=[{**one[0], "steps": 2}], checkpoint_every=100))
     a, b = weights(skipped), weights(two)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,4 +1,4 @@
-"""Protects real early exit (melt_core/early_exit.py): q = 1 is today's decoding; a token forced
+"""Protects real early exit (melt_core/modeling/early_exit.py): q = 1 is today's decoding; a token forced
 to stop after loop t is that token run by the same model with T = t (same cache); mixed exits in a
 batch give what each sequence gives alone; stopped rows are really not computed; caches that
 cannot let a token stop say so."""
@@ -11,8 +11,8 @@ from helpers import make_melt
 from numerics import assert_same_function
 
 from melt_core import ConfigError
-from melt_core.early_exit import ExitRule, decode_step, exit_gate_loss, train_exit_gate
-from melt_core.generate import SamplingParams, generate
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling.early_exit import ExitRule, decode_step, exit_gate_loss, train_exit_gate
 
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8], [40, 41]]
 KINDS = ["ouro", "melt", "last-loop"]
@@ -194,8 +194,8 @@ def test_exit_gate_loss_teaches_stopping_where_loops_stop_helping():
 def test_a_checkpoints_own_exit_defaults_are_used_not_ignored(ouro):
     """The reference code's early_exit_threshold / early_exit_step (a 0-based loop) are the exit a
     checkpoint asks for when the eval names none; the model's and the task's settings go over them."""
-    from melt_core.evaluate import TaskSpec, task_exit_rule
-    from melt_core.inference import ModelSpec, exit_rule
+    from melt_core.evaluation.evaluate import TaskSpec, task_exit_rule
+    from melt_core.serving.inference import ModelSpec, exit_rule
 
     spec, task = ModelSpec("ouro", "x"), TaskSpec(name="t", path="x")
     assert exit_rule(spec, task.exit, ouro.config) == ExitRule()  # the shipped 1.0: every loop

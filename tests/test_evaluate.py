@@ -9,12 +9,12 @@ import torch
 from train_helpers import tiny_setup
 
 import melt_core
-from melt_core.checkpoint import CheckpointError
-from melt_core.config import ConfigError, ModelConfig
 from melt_core.data import DataError, load_tokenizer, read_jsonl
-from melt_core.evaluate import TaskSpec, evaluate
-from melt_core.inference import ModelSpec, exit_rule, load_model, resolve_dtype
-from melt_core.metrics import extract_answer, pass_at_k
+from melt_core.evaluation.evaluate import TaskSpec, evaluate
+from melt_core.evaluation.metrics import extract_answer, pass_at_k
+from melt_core.modeling.checkpoint import CheckpointError
+from melt_core.modeling.config import ConfigError, ModelConfig
+from melt_core.serving.inference import ModelSpec, exit_rule, load_model, resolve_dtype
 
 
 @pytest.mark.parametrize("n,c,k", [(16, 0, 1), (16, 3, 1), (16, 3, 10), (16, 8, 10), (16, 16, 10), (10, 1, 10)])
@@ -41,7 +41,7 @@ def test_embedded_tasks_score_the_exact_answer_only():
     it, or nothing, does not; pass@1 over 4 samples with one right is 0.25."""
     from lighteval.models.model_output import ModelResponse
 
-    from melt_core.lighteval_tasks import jsonl_prompt, sample_correct, task_config
+    from melt_core.evaluation.lighteval_tasks import jsonl_prompt, sample_correct, task_config
 
     record = {"messages": [{"role": "user", "content": "6604876475938242+1948924115781565="},
                            {"role": "assistant", "content": "7f5ciab68ahca8a8"}]}

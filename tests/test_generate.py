@@ -8,8 +8,8 @@ from helpers import make_melt
 
 import melt_core
 from melt_core import ConfigError
-from melt_core.early_exit import ExitRule
-from melt_core.generate import SamplingParams, generate
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling.early_exit import ExitRule
 
 PROMPTS = [[5, 9, 13], [7, 1, 2, 3, 4, 8], [40, 41]]
 
@@ -66,7 +66,7 @@ def test_sampling_draws_from_the_tempered_nucleus():
     within 3 standard errors of the exact probabilities."""
     import math
 
-    from melt_core.generate import sample_next
+    from melt_core.generation.generate import sample_next
 
     n = 4000
     logits = torch.tensor([0.0, math.log(3.0), -1.0]).expand(n, 3)
@@ -141,7 +141,7 @@ def test_batches_are_sized_from_memory(ouro, monkeypatch):
     at most k and gives what unbounded batches give; MELT fits about T times more sequences than
     Ouro in the same memory on long generations; one sequence that cannot fit is an error before
     any generation, with the bytes and the options named."""
-    import melt_core.generate as gen
+    import melt_core.generation.generate as gen
 
     params = SamplingParams(max_new_tokens=6, greedy=True)
     weights = sum(t.numel() * t.element_size() for t in ouro.parameters())
@@ -245,7 +245,7 @@ def test_continuous_batching_equals_one_at_a_time(ouro, kind, monkeypatch):
 def test_continuous_batching_keeps_the_batch_full(ouro, monkeypatch):
     """The point of refilling: on skewed lengths continuous batching runs fewer decode steps than
     static batches of the same size, each with the same number of rows or fewer."""
-    import melt_core.generate as gen
+    import melt_core.generation.generate as gen
 
     prompts = _skewed_prompts()
     params = SamplingParams(max_new_tokens=24, temperature=1.0, n=3, seed=4, stop_token_ids=STOPS)
@@ -267,7 +267,7 @@ def test_bad_batching_mode(ouro):
 def test_slots_opened_by_a_shift_are_zeroed():
     """Slots a right shift opens are masked out, yet attention multiplies their values by 0: memory
     never written (torch.empty) may hold NaN, and 0 * NaN would reach the output."""
-    from melt_core.cache import RowStore
+    from melt_core.modeling.cache import RowStore
 
     store = RowStore(capacity=8)
     store.append((torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2)))

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_acceptance  # noqa: E402
 
-from melt_core.plan import plan, render  # noqa: E402
+from melt_core.ops.plan import plan, render  # noqa: E402
 
 
 @pytest.fixture(scope="module")

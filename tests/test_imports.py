@@ -1,5 +1,6 @@
-"""melt_core's modules form layers: no import cycle, counting imports inside functions too (a cycle
-held together by a function-level import is still a cycle), and each module imports on its own."""
+"""melt_core's layers: each subpackage imports only the layers below it (its docstring says which),
+no module import cycle, counting imports inside functions too (a cycle held together by a
+function-level import is still a cycle), and each module imports on its own."""
 
 import ast
 import subprocess
@@ -8,12 +9,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "melt_core"
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+# every module by its dotted name under melt_core ("modeling.cache", "data")
+MODULES = sorted(".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")
+                 if p.name != "__init__.py")
+LEAVES = {"data", "tracking"}  # melt_core/*.py: import nothing of melt_core, importable from every layer
+# the layers and what each may import (the subpackages' docstrings say the same)
+MAY_IMPORT = {
+    "modeling": set(),
+    "generation": {"modeling"},
+    "serving": {"modeling", "generation"},
+    "training": {"modeling", "generation"} | LEAVES,
+    "evaluation": {"modeling", "generation", "serving"} | LEAVES,
+    "ops": {"modeling", "generation", "serving", "training", "evaluation"} | LEAVES,
+}
+
+
+def path_of(module: str) -> Path:
+    return PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def layer(module: str) -> str:
+    return module.split(".")[0]
 
 
 def needs_vllm(module: str) -> bool:
     """Whether ``module`` imports vLLM at its top level: it imports only in the serving environment."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    tree = ast.parse(path_of(module).read_text())
     return any((isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "vllm")
                or (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "vllm" for a in n.names))
                for n in tree.body)
@@ -22,20 +43,32 @@ def needs_vllm(module: str) -> bool:
 SERVING = [m for m in MODULES if needs_vllm(m)]
 
 
+def resolve(module: str, node: ast.ImportFrom) -> list[str]:
+    """The melt_core modules one ``from ... import ...`` in ``module`` names."""
+    if node.level:
+        package = module.split(".")[:-1]
+        base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+        if node.level - 1 > len(package):
+            raise AssertionError(f"{module}: relative import above melt_core")
+        base = ".".join(base + ([node.module] if node.module else []))
+    elif (node.module or "") == "melt_core" or (node.module or "").startswith("melt_core."):
+        base = node.module.removeprefix("melt_core").lstrip(".")
+    else:
+        return []
+    # `from .x import y` names x; `from . import x` / `from melt_core.pkg import x` name the modules x
+    names = [f"{base}.{a.name}" if base else a.name for a in node.names]
+    return [n for n in names if n in MODULES] or ([base] if base in MODULES else [])
+
+
 def imports_of(module: str) -> set[str]:
     """The melt_core modules ``module`` imports, anywhere in its file."""
     found = set()
-    for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text())):
+    for node in ast.walk(ast.parse(path_of(module).read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level == 1 or base == "melt_core" or base.startswith("melt_core."):
-                base = base.removeprefix("melt_core").lstrip(".")
-                # `from . import x` / `from melt_core import x` name modules; `from .x import y` names x
-                names = [a.name for a in node.names] if not base else [base.split(".")[0]]
-                found |= {n for n in names if n in MODULES}
+            found |= set(resolve(module, node))
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names
-                      if a.name.startswith("melt_core.") and a.name.split(".")[1] in MODULES}
+            found |= {a.name.removeprefix("melt_core.") for a in node.names
+                      if a.name.removeprefix("melt_core.") in MODULES and a.name.startswith("melt_core.")}
     return found - {module}
 
 
@@ -62,15 +95,42 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points from a layer to one it may not import (a leaf imports nothing)."""
+    bad = []
+    for module, deps in sorted(graph.items()):
+        allowed = set() if module in LEAVES else MAY_IMPORT[layer(module)] | {layer(module)}
+        bad += [f"{module} imports {d}" for d in sorted(deps) if (d if d in LEAVES else layer(d)) not in allowed]
+    return bad
+
+
 def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_melt_core_has_no_import_cycle():
+def test_the_walk_sees_imports_of_every_form():
     graph = {m: imports_of(m) for m in MODULES}
-    assert graph["lighteval_adapter"] >= {"evaluate", "inference", "lighteval_tasks"}  # the walk sees imports
-    assert "checkpoint" in imports_of("download")
+    assert graph["evaluation.lighteval_adapter"] >= {"evaluation.evaluate", "serving.inference",
+                                                      "evaluation.lighteval_tasks", "data", "tracking"}
+    assert "modeling.checkpoint" in graph["ops.download"]  # from ..modeling.checkpoint import
+    assert "modeling.checkpoint" in graph["training.train"]  # from ..modeling import checkpoint as ck
+    assert "evaluation.code_harness" in graph["evaluation.code_tasks"]  # from . import code_harness
+    assert "serving.vllm_engine" in graph["serving.inference"]  # an import inside a function
+    assert layer_violations({"modeling.cache": {"training.train"}, "data": {"modeling.config"}}) == [
+        "data imports modeling.config", "modeling.cache imports training.train"]
+
+
+def test_every_module_lives_in_a_layer_or_is_a_leaf():
+    assert {layer(m) for m in MODULES if m not in LEAVES} == set(MAY_IMPORT)
+    for pkg in MAY_IMPORT:  # each layer's docstring says what it owns and what it may import
+        doc = ast.get_docstring(ast.parse((PACKAGE / pkg / "__init__.py").read_text())) or ""
+        assert "May import" in doc, f"melt_core/{pkg}/__init__.py: its docstring must say what it may import"
+
+
+def test_imports_point_down_the_layers_and_form_no_cycle():
+    graph = {m: imports_of(m) for m in MODULES}
+    assert layer_violations(graph) == []
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle in melt_core: " + " -> ".join(cycle)
 
@@ -96,10 +156,11 @@ def test_each_module_imports_on_its_own():
     """In one fresh interpreter, each module imported with no other melt_core module loaded before it
     (third-party packages stay loaded: only the order inside melt_core is under test); the modules that
     import vLLM in the serving environment, where vLLM is (the rest must not need it)."""
-    assert SERVING == ["vllm_models", "vllm_scheduler"]  # the walk sees vLLM imports; nothing else needs vLLM
+    # the walk sees vLLM imports; nothing else needs vLLM
+    assert SERVING == ["serving.vllm_models", "serving.vllm_scheduler"]
     r = import_each(sys.executable, [m for m in MODULES if m not in SERVING])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    from melt_core.serving import vllm_python
+    from melt_core.serving.vllm_engine import vllm_python
 
-    r = import_each(str(vllm_python()), SERVING + ["vllm_plugin", "vllm_worker", "serving"])
+    r = import_each(str(vllm_python()), SERVING + ["serving.vllm_plugin", "serving.vllm_worker", "serving.vllm_engine"])
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

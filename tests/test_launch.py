@@ -11,8 +11,8 @@ import yaml
 from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
-from melt_core.config import ConfigError
-from melt_core.launch import build_executor, launch
+from melt_core.modeling.config import ConfigError
+from melt_core.training.launch import build_executor, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,9 +15,14 @@ from lighteval.tasks.requests import Doc
 from train_helpers import tiny_setup
 
 import melt_core
-from melt_core.evaluate import TaskSpec, evaluate
-from melt_core.inference import ModelSpec
-from melt_core.lighteval_adapter import MeltLightevalModel, evaluate_lighteval, melt_model_config, weights_digest
+from melt_core.evaluation.evaluate import TaskSpec, evaluate
+from melt_core.evaluation.lighteval_adapter import (
+    MeltLightevalModel,
+    evaluate_lighteval,
+    melt_model_config,
+    weights_digest,
+)
+from melt_core.serving.inference import ModelSpec
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +126,8 @@ def test_sharded_questions_merge_into_the_unsharded_result(setup, route, n):
     """A task split over n jobs by a hash of each question, merged, is the unsharded result: the same
     questions, completions and pass@k (sampled: per-sample random streams do not see the shard); more
     shards than questions leave some empty, which merge as nothing."""
-    from melt_core.evaluate import merge_shards
-    from melt_core.inference import in_shard
+    from melt_core.evaluation.evaluate import merge_shards
+    from melt_core.serving.inference import in_shard
 
     root, paths, _, student = setup
     spec = ModelSpec("melt", str(student))

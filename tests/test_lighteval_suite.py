@@ -13,15 +13,15 @@ from numerics import assert_same_function
 from train_helpers import tiny_setup
 
 import melt_core
-from melt_core.checkpoint import write_checksums
-from melt_core.config import ConfigError
 from melt_core.data import DataError, build_char_tokenizer
-from melt_core.dense import DenseLM
-from melt_core.evaluate import TaskSpec, evaluate
-from melt_core.generate import SamplingParams, generate
-from melt_core.inference import ModelSpec
-from melt_core.lighteval_adapter import MeltLightevalModel, evaluate_lighteval
-from melt_core.metrics import pass_at_k
+from melt_core.evaluation.evaluate import TaskSpec, evaluate
+from melt_core.evaluation.lighteval_adapter import MeltLightevalModel, evaluate_lighteval
+from melt_core.evaluation.metrics import pass_at_k
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling.checkpoint import write_checksums
+from melt_core.modeling.config import ConfigError
+from melt_core.modeling.dense import DenseLM
+from melt_core.serving.inference import ModelSpec
 
 AIME_ROWS = [{"id": i, "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(1, 7)]
 
@@ -253,7 +253,7 @@ HUMANEVAL_ROWS = [
 def test_humaneval_plus_runs_the_tests(wide, monkeypatch):
     """Our HumanEval+ task: a correct function (in a code block after reasoning, or as a bare
     body continuing the signature) passes; a wrong one, a crash, or an endless loop fails."""
-    from melt_core import code_tasks
+    from melt_core.evaluation import code_tasks
 
     root, ouro, _, _ = wide
     data = write_jsonl(root / "humaneval", "test", HUMANEVAL_ROWS)
@@ -288,7 +288,7 @@ def test_humaneval_plus_runs_the_tests(wide, monkeypatch):
 def test_list_golds_reach_the_scorer_as_strings(tmp_path):
     """OlympiadBench's hub schema has `final_answer` as a list of strings, which lighteval's prompt
     passes on as one choice and its string scorers cannot read: the gold becomes the joined string."""
-    from melt_core.lighteval_tasks import builtin_task_configs
+    from melt_core.evaluation.lighteval_tasks import builtin_task_configs
 
     rows = [{"id": 0, "question": "Compute 2 + 3.", "final_answer": ["$5$"], "is_multiple_answer": False,
              "unit": None, "answer_type": "Numerical", "subject": "Math", "language": "English"},
@@ -305,7 +305,7 @@ def test_list_golds_reach_the_scorer_as_strings(tmp_path):
 def test_lighteval_definitions_shard_by_question_and_merge(wide, monkeypatch):
     """A lighteval task (its own prompt, dataset and scorer) split over shards, some empty, merges
     into the unsharded scores; shards with a limit are refused (lighteval limits after filtering)."""
-    from melt_core.evaluate import merge_shards
+    from melt_core.evaluation.evaluate import merge_shards
 
     root, ouro, _, aime = wide
     greedy_until, _ = oracle({1, 3, 5})

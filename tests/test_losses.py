@@ -1,4 +1,4 @@
-"""The training losses (melt_core/losses.py) against their definitions, restated token by token in
+"""The training losses (melt_core/modeling/losses.py) against their definitions, restated token by token in
 float64 (tests/naive_reference.py): loop-averaged KL(teacher || student) with its temperature,
 the Phase-2 attention alignment, the teacher's language-model loss. test_train checks that the
 trainer logs exactly these at its first step."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 from naive_reference import naive_alignment, naive_kd, naive_lm_loss
 
-from melt_core.losses import alignment_loss_sum, kd_loss_sum, lm_loss_sum, token_count
+from melt_core.modeling.losses import alignment_loss_sum, kd_loss_sum, lm_loss_sum, token_count
 
 T, B, L, V = 3, 2, 5, 7
 

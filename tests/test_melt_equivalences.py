@@ -7,7 +7,7 @@ import torch
 from helpers import make_melt
 from naive_reference import naive_decode
 
-from melt_core.gate import LatentGate
+from melt_core.modeling.gate import LatentGate
 
 # The equivalences below run in float64: two computations of the same definition then agree to
 # ~1e-14 here (float64 rounding, amplified by 4 loops x 2 layers as float32's 6e-8 grows to ~1.5e-5),

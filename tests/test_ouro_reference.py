@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import melt_core
-from melt_core.checkpoint import write_checksums
-from melt_core.model import exit_distribution
+from melt_core.modeling.checkpoint import write_checksums
+from melt_core.modeling.model import exit_distribution
 
 ATOL = 1e-4
 

@@ -1,4 +1,4 @@
-"""Protects the cost plan (melt_core/plan.py): its arithmetic, and that it flags the jobs a cluster
+"""Protects the cost plan (melt_core/ops/plan.py): its arithmetic, and that it flags the jobs a cluster
 user must not submit as they are (over the runtime limit, or not fitting one sequence)."""
 
 from pathlib import Path
@@ -7,8 +7,9 @@ import pytest
 import torch
 import yaml
 
-from melt_core.config import ModelConfig
-from melt_core.plan import plan, render, weights_gb
+from melt_core.modeling.config import ModelConfig
+from melt_core.ops.plan import plan, render, weights_gb
+from melt_core.serving.engine_choice import vllm_refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +56,19 @@ def test_vllm_evals_are_priced_by_the_tokens_held_and_the_sharing_caches_stay_na
     hours = {j.name: j.gpu_hours for j in native}
     assert aime["ouro aime24"].gpu_hours == pytest.approx(hours["ouro aime24"] * 2 / 8)
     assert aime["ouro-last-loop aime24"].gpu_hours == pytest.approx(hours["ouro-last-loop aime24"])
+
+
+def test_one_decision_says_what_stays_off_vllm_and_names_the_key():
+    """melt_core.serving.engine_choice.vllm_refusal: used by rule plan (native_models), the eval jobs and
+    the vLLM model; a model vLLM runs gets None, every other one reason and the config key."""
+    assert vllm_refusal() is None and vllm_refusal(window=0) is None
+    refused = [vllm_refusal("last-loop"), vllm_refusal("default", keep_prompt=True), vllm_refusal(window=8),
+               vllm_refusal(early_exit="threshold 0.9")]
+    assert all(r and "eval.engine: native" in r for r in refused)
+    assert "last-loop" in refused[0] and "+ prompt" in refused[1] and "W = 8" in refused[2] and "0.9" in refused[3]
+    # torch-free, so the Snakefile can ask it while it builds the DAG: the module imports nothing
+    assert "import" not in (ROOT / "melt_core/serving/engine_choice.py").read_text().replace(
+        "from __future__ import annotations", "")
 
 
 def test_more_nodes_train_in_fewer_hours_at_the_same_gpu_hours():
@@ -110,7 +124,7 @@ OURO_LAYERS, MELT_GATES, HEAD = 24 * 51_388_416, 24 * 8_390_656, 100_663_296 + 2
 
 
 def test_decode_step_bytes_at_the_real_shapes():
-    from melt_core.plan import decode_step_bytes, kv_read_per_position
+    from melt_core.ops.plan import decode_step_bytes, kv_read_per_position
 
     ouro, melt = ModelConfig.from_name("ouro-1.4b"), ModelConfig.from_name("melt-1.6b")
     qwen = ModelConfig.from_name("qwen3-1.7b-shape")
@@ -131,7 +145,7 @@ def test_kv_reads_are_the_bytes_the_caches_hold_times_the_loops_that_read_them(o
     shared row: T times its cache's bytes (tests/test_cache_memory.py ties these to real caches)."""
     from helpers import make_melt
 
-    from melt_core.plan import kv_read_per_position
+    from melt_core.ops.plan import kv_read_per_position
 
     melt = make_melt(ouro)
     T = ouro.config.total_ut_steps
@@ -144,7 +158,7 @@ def test_kv_reads_are_the_bytes_the_caches_hold_times_the_loops_that_read_them(o
 
 
 def test_training_flops_at_the_real_shapes():
-    from melt_core.plan import train_flops_per_token
+    from melt_core.ops.plan import train_flops_per_token
 
     ouro, melt = ModelConfig.from_name("ouro-1.4b"), ModelConfig.from_name("melt-1.6b")
     attention = 4 * 24 * 16 * 128 * 10_000 / 2  # per loop, a token attending to 5,000 keys on average
@@ -157,7 +171,7 @@ def test_the_plan_shows_estimate_limit_and_ratio_per_job_and_in_total():
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
     jobs, a = plan(cfg, {"ouro": "ouro", "melt-elementwise__full": "melt"}, [("elementwise", "phase1", 500)])
     train = next(j for j in jobs if j.stage == "train")
-    from melt_core.plan import train_flops_per_token
+    from melt_core.ops.plan import train_flops_per_token
 
     flops = train_flops_per_token(ModelConfig.from_name("melt-1.6b"), ModelConfig.from_name("ouro-1.4b"), 10_000)
     assert train.limit_gpu_hours == pytest.approx(500 * 32 * 10_000 * flops / 989.4e12 / 3600)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import melt_core.pretrain as pt
+import melt_core.training.pretrain as pt
 from melt_core.data import load_tokenizer, make_digit_sum_task, read_jsonl
 from melt_core.tracking import NullLogger
 

@@ -8,10 +8,10 @@ import shutil
 import pytest
 import torch
 
-from melt_core.checkpoint import CheckpointError
-from melt_core.config import ConfigError
-from melt_core.download import fetch, manifest
-from melt_core.profiler import loop_and_window_sweeps, profile_memory
+from melt_core.modeling.checkpoint import CheckpointError
+from melt_core.modeling.config import ConfigError
+from melt_core.ops.download import fetch, manifest
+from melt_core.ops.profiler import loop_and_window_sweeps, profile_memory
 
 
 def test_profile_memory_real_shape_small_depth():
@@ -41,7 +41,7 @@ def test_tied_weights_count_once_and_the_total_grows_with_the_context():
 def test_the_measured_kv_figure_is_what_the_cache_holds(monkeypatch):
     """The table's "KV MB/token (measured)" comes from the bytes the filled cache holds, not from the
     formula it is checked against (a cache holding a row too many shows)."""
-    import melt_core.profiler as profiler
+    import melt_core.ops.profiler as profiler
 
     fill = profiler.fill_cache
     monkeypatch.setattr(profiler, "fill_cache", lambda *a, **k: fill(*a, **k) + 4096)

@@ -112,7 +112,7 @@ def test_benchmark_copies_have_the_real_datasets_columns_and_types():
     columns, OlympiadBench's lists), and HumanEval+ tests of evalplus's input/output shape."""
     import json
 
-    from melt_core.code_tasks import parse_tests
+    from melt_core.evaluation.code_tasks import parse_tests
 
     fixtures = ROOT / "tests" / "fixtures" / "benchmarks"
     copies = rehearsal.benchmark_datasets()
@@ -129,12 +129,12 @@ def test_benchmark_copies_have_the_real_datasets_columns_and_types():
 def test_every_shard_of_a_sharded_task_has_questions(tmp_path):
     """A shard job of the rehearsal asks at least one question (an empty shard rehearses nothing of
     the eval): each sharded task's copy, read through `datasets` as the eval reads it, split by the
-    eval's own filter (melt_core.lighteval_tasks.InShard)."""
+    eval's own filter (melt_core.evaluation.lighteval_tasks.InShard)."""
     import json
 
     from datasets import load_dataset
 
-    from melt_core.lighteval_tasks import InShard
+    from melt_core.evaluation.lighteval_tasks import InShard
 
     tasks = _load("rehearsal.yaml")["eval"]["tasks"]
     sharded = {t: s["shards"] for t, s in tasks.items() if s["shards"] > 1}

@@ -18,9 +18,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from melt_core.evaluate import TaskSpec, write_result
-from melt_core.inference import ModelSpec
-from melt_core.metrics import pass_at_k
+from melt_core.evaluation.evaluate import TaskSpec, write_result
+from melt_core.evaluation.metrics import pass_at_k
+from melt_core.serving.inference import ModelSpec
 from melt_core.tracking import NullLogger
 
 ROOT = Path(__file__).resolve().parents[1]

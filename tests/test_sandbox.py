@@ -1,5 +1,5 @@
 """Protects HumanEval+ scoring against hostile and careless completions: each is contained by the
-bubblewrap sandbox (melt_core/sandbox.py) and scored by whether every test ran and passed, and the
+bubblewrap sandbox (melt_core/evaluation/sandbox.py) and scored by whether every test ran and passed, and the
 scorer, its files, its process group and its network survive. Under CI a missing bubblewrap is a
 failure (envs/setup.sh installs it); elsewhere these tests skip with the reason."""
 
@@ -15,8 +15,8 @@ import time
 import pytest
 from lighteval.models.model_output import ModelResponse
 
-from melt_core import code_tasks, sandbox
-from melt_core.code_tasks import PassesTests, humaneval_prompt
+from melt_core.evaluation import code_tasks, sandbox
+from melt_core.evaluation.code_tasks import PassesTests, humaneval_prompt
 
 if not sandbox.available():
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):

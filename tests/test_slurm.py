@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
-from melt_core.launch import launch
+from melt_core.training.launch import launch
 
 
 def _cluster_up() -> bool:

@@ -1,4 +1,4 @@
-"""Protects the static-shape decode step (melt_core/static_decode.py), the form a GPU captures in a
+"""Protects the static-shape decode step (melt_core/generation/static_decode.py), the form a GPU captures in a
 CUDA graph: over the same prefilled cache it computes the ordinary decode step's logits within
 float32 rounding and picks the same greedy tokens, for Ouro and MELT, with and without left
 padding, and for last-loop sharing; it refuses caches whose reads change per step and a cache it
@@ -10,8 +10,8 @@ from helpers import make_melt
 from numerics import assert_same_function
 
 from melt_core import ConfigError
-from melt_core.cache import CacheCapacityError
-from melt_core.static_decode import StaticDecode
+from melt_core.generation.static_decode import StaticDecode
+from melt_core.modeling.cache import CacheCapacityError
 
 STEPS = 6
 

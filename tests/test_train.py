@@ -20,11 +20,11 @@ from naive_reference import naive_alignment, naive_kd
 from safetensors.torch import load_file
 from train_helpers import tiny_setup, train_config
 
-import melt_core.train
+import melt_core.training.train
 from melt_core import ConfigError
-from melt_core import checkpoint as ck
 from melt_core.data import DataError
-from melt_core.train import TrainConfig, _training_data, train
+from melt_core.modeling import checkpoint as ck
+from melt_core.training.train import TrainConfig, _training_data, train
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +132,10 @@ def _free_port():
 
 
 def start_ranks(cfg: dict, cfg_file: Path, world: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
-    """``world`` gloo processes of melt_core.train on one config, as torchrun/submitit would start them."""
+    """``world`` gloo processes of melt_core.training.train on one config, as torchrun/submitit would start them."""
     cfg_file.write_text(json.dumps(cfg))
     port = _free_port()
-    return [subprocess.Popen([sys.executable, "-m", "melt_core.train", str(cfg_file)],
+    return [subprocess.Popen([sys.executable, "-m", "melt_core.training.train", str(cfg_file)],
                              env={**os.environ, **(env or {}), "WORLD_SIZE": str(world), "RANK": str(rank),
                                   "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                                   "OMP_NUM_THREADS": "1"},
@@ -233,7 +233,7 @@ def test_killed_run_resumes_bitwise(setup, tmp_path, monkeypatch, capsys):
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(json.dumps(cfg))
     env = {**os.environ, "MELT_TRAIN_STEP_DELAY": "0.5"}  # slow steps so the kill lands mid-run
-    proc = subprocess.Popen([sys.executable, "-m", "melt_core.train", str(cfg_file)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "melt_core.training.train", str(cfg_file)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ck4 = setup[0] / "interrupted" / "checkpoints" / "step-0000004" / "trainer_state.pt"
     deadline = time.time() + 120
@@ -243,8 +243,8 @@ def test_killed_run_resumes_bitwise(setup, tmp_path, monkeypatch, capsys):
     proc.wait()
     assert ck4.exists() and not (setup[0] / "interrupted" / "final").exists(), "the kill came too late"
     ran = []
-    real_step = melt_core.train._step
-    monkeypatch.setattr(melt_core.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
+    real_step = melt_core.training.train._step
+    monkeypatch.setattr(melt_core.training.train, "_step", lambda *a, **k: ran.append(a[4]) or real_step(*a, **k))
     capsys.readouterr()
     resumed = train(cfg)
     assert ran and ran[0] in (4, 6) and ran == list(range(ran[0], 8)), f"steps the resumed run computed: {ran}"
@@ -264,8 +264,8 @@ def test_a_checkpoint_restores_the_random_streams_for_its_own_config_only(setup,
     test_changed_settings_retrain_cleanly; this is the guard behind that)."""
     import random
 
-    from melt_core.train import build_optimizer
-    from melt_core.trainer_state import Dist, latest_checkpoint, restore, save_checkpoint
+    from melt_core.training.train import build_optimizer
+    from melt_core.training.trainer_state import Dist, latest_checkpoint, restore, save_checkpoint
 
     cfg = TrainConfig.from_dict(cfg_for(setup, "rng"))
     student = ck.load_pretrained(cfg.student)
@@ -288,7 +288,7 @@ def test_a_checkpoint_restores_the_random_streams_for_its_own_config_only(setup,
 def test_a_resume_agrees_on_every_setting_but_paths_and_logging(setup):
     """A checkpoint is resumed only under the settings that wrote it: every TrainConfig field is in
     the resume key (a field added later joins it by itself) except those that change no number."""
-    from melt_core.trainer_state import _resume_key
+    from melt_core.training.trainer_state import _resume_key
 
     cfg = TrainConfig.from_dict(cfg_for(setup, "key"))
     untracked = {"out_dir", "progress", "mlflow", "log_every", "print_every", "run_name", "keep_checkpoints",

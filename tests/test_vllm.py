@@ -1,4 +1,4 @@
-"""Ouro and MELT served by vLLM (melt_core/vllm_models.py, CPU backend, the serving environment
+"""Ouro and MELT served by vLLM (melt_core/serving/vllm_models.py, CPU backend, the serving environment
 .venv-vllm) against melt_core's own generation on the same checkpoints: the same greedy tokens, and
 per-token log-probabilities within what float32 arithmetic in other kernels justifies.
 
@@ -16,11 +16,11 @@ import pytest
 import torch
 from conftest import under_ci
 
-from melt_core import checkpoint as ck
-from melt_core.config import ModelConfig
-from melt_core.generate import SamplingParams, generate
-from melt_core.model import LoopedLM
-from melt_core.serving import MELT_SCHEDULER, VllmEngine, engine_args, vllm_python
+from melt_core.generation.generate import SamplingParams, generate
+from melt_core.modeling import checkpoint as ck
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.model import LoopedLM
+from melt_core.serving.vllm_engine import MELT_SCHEDULER, VllmEngine, engine_args, vllm_python
 
 try:
     vllm_python()
@@ -245,8 +245,8 @@ def test_engine_args_for_ouro_keep_vllm_defaults_and_melt_gets_its_scheduler(che
 def task_models(tmp_path_factory):
     """A tokenizer and test split of the embedded task, an Ouro teacher with head dim 32 on it, and its
     MELT conversion: checkpoint directories as the workflow writes them."""
-    from melt_core.checkpoint import convert_ouro_to_melt
     from melt_core.data import load_tokenizer, make_digit_sum_task
+    from melt_core.modeling.checkpoint import convert_ouro_to_melt
 
     root = tmp_path_factory.mktemp("vllm-eval")
     paths = make_digit_sum_task(root / "data", digits=4, n_train=16, n_test=8, seed=0)
@@ -265,9 +265,9 @@ def task_models(tmp_path_factory):
 def test_the_eval_route_through_vllm_scores_as_the_native_engine(kind, task_models, tmp_path):
     """eval.engine: vllm through lighteval's pipeline, as the workflow's eval jobs run it: the same
     completions and scores as the native engine (greedy), the engine recorded in the result."""
-    from melt_core.evaluate import TaskSpec
-    from melt_core.inference import ModelSpec, start_engine
-    from melt_core.lighteval_adapter import evaluate_lighteval
+    from melt_core.evaluation.evaluate import TaskSpec
+    from melt_core.evaluation.lighteval_adapter import evaluate_lighteval
+    from melt_core.serving.inference import ModelSpec, start_engine
 
     paths, models = task_models
     task = TaskSpec(name="digit_sum", path=str(paths["test"]), greedy=True, samples=1, max_new_tokens=12)
@@ -288,7 +288,7 @@ def test_the_dense_baseline_runs_as_vllm_own_qwen3(tmp_path):
     what melt_core's dense wrapper (transformers' forward) generates."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from melt_core.dense import DenseLM
+    from melt_core.modeling.dense import DenseLM
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,

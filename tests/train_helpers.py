@@ -7,7 +7,7 @@ import torch
 
 import melt_core
 from melt_core.data import make_digit_sum_task
-from melt_core.pretrain import init_weights
+from melt_core.training.pretrain import init_weights
 
 
 def tiny_setup(root: Path, digits: int = 4, n_train: int = 64, window: int = 0, gate: str = "elementwise"):

@@ -93,9 +93,9 @@ REHEARSAL_SHARDS = 2  # config/rehearsal.yaml's eval.tasks.math500.shards
 
 def _every_shard_asked(row, pairs, more) -> list[dict]:
     """``row(i, q, a)`` for each (question, answer) pair, then for more pairs (``more(1)``) until
-    every one of the rehearsal's shards holds a question (melt_core.inference.in_shard): a shard
+    every one of the rehearsal's shards holds a question (melt_core.serving.inference.in_shard): a shard
     job with nothing to ask would rehearse nothing."""
-    from melt_core.inference import in_shard
+    from melt_core.serving.inference import in_shard
 
     rows = [row(i, q, a) for i, (q, a) in enumerate(pairs)]
     while not all(any(in_shard(r, [k, REHEARSAL_SHARDS]) for r in rows) for k in range(REHEARSAL_SHARDS)):
@@ -105,7 +105,7 @@ def _every_shard_asked(row, pairs, more) -> list[dict]:
 
 def benchmark_datasets(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
     """task -> {relative file: rows}, each file ``[<subset>/]<split>.jsonl`` in the hub columns."""
-    from melt_core.code_tasks import evalplus_test
+    from melt_core.evaluation.code_tasks import evalplus_test
 
     rng = random.Random(seed + 1)
 
@@ -207,8 +207,8 @@ def _save_tensors(arrays: dict[str, np.ndarray], path: Path) -> None:
 def ouro_checkpoint(out: Path, tok, seed: int = 0) -> None:
     """Ouro's config.json keys at a tiny size, bf16 weights under Ouro's state-dict names. Head dim 32:
     the smallest vLLM's CPU attention takes (the rehearsal's evals run in vLLM, eval.engine)."""
-    from melt_core.checkpoint import expected_shapes
-    from melt_core.config import ModelConfig
+    from melt_core.modeling.checkpoint import expected_shapes
+    from melt_core.modeling.config import ModelConfig
 
     config = {
         "architectures": ["OuroForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 0,
@@ -260,7 +260,7 @@ def publish(cache: Path, repo_id: str, src: Path) -> tuple[str, dict[str, str]]:
     """Put ``src``'s files into ``cache`` as the hub client lays a downloaded snapshot out; the
     revision is a content hash, so the same files always get the same pinned revision."""
     files = sorted(f for f in src.iterdir() if f.is_file())
-    from melt_core.checkpoint import sha256_file
+    from melt_core.modeling.checkpoint import sha256_file
 
     manifest = {f.name: sha256_file(f) for f in files}
     revision = hashlib.sha1(json.dumps(manifest, sort_keys=True).encode()).hexdigest()

@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
 from cpu_numerics import pin  # noqa: E402
 from model_id import ModelId, parse_run, run_id  # noqa: E402  the one grammar of model and run ids
 
+from melt_core.serving.engine_choice import vllm_refusal  # noqa: E402  torch-free
+
 pin(config.get("cpu_numerics"))
 
 OUT = config["outdir"]
@@ -204,6 +206,14 @@ def model_prefill(model):
 def model_window(model):
     """The sliding window a model id evaluates with (None: the checkpoint's own)."""
     return ModelId.parse(model).window
+
+
+def vllm_refusal_of(model):
+    """Why vLLM cannot run a model id (None: it can), decided by melt_core.serving.engine_choice; a
+    window kept in the checkpoint and a task's early exit are known in the eval job, which asks again."""
+    parsed = ModelId.parse(model)
+    cache_mode, keep_prompt = parsed.sharing_cache if parsed.kind == "sharing" else ("default", False)
+    return vllm_refusal(cache_mode, keep_prompt, model_window(model))
 
 
 def teacher_models(seed=None):

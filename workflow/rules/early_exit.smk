@@ -1,4 +1,4 @@
-# Real early exit (melt_core/early_exit.py; the paper names it future work for MELT): each model
+# Real early exit (melt_core/modeling/early_exit.py; the paper names it future work for MELT): each model
 # of early_exit.models decodes early_exit.task under every rule of early_exit.rules, measuring
 # accuracy, loops per token and tokens/s; for MELT optionally again with its exit gate refit to its
 # own hidden states (Ouro's Stage-II objective). One job per model.

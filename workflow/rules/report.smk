@@ -163,8 +163,7 @@ rule plan:
         config=config,
         models={m: ModelId.parse(m).family for m in MODELS},  # whose shape each is costed at
         exit_models={m: ModelId.parse(m).family for m in EXIT_MODELS},
-        # under eval.engine vllm, what stays native (melt_core.inference.vllm_refusal; README)
-        native_models=sorted(m for m in MODELS if ModelId.parse(m).kind == "sharing" or ModelId.parse(m).window),
+        native_models=sorted(m for m in MODELS if vllm_refusal_of(m)),  # under eval.engine vllm, what stays native
         phase_jobs=[(f"seed{s}/{g}", p, config["phases"][last_phase(p)[0]]["steps"])
                     for s in SEEDS
                     for g, p in sorted({(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))})],

@@ -18,7 +18,7 @@ rule phase:
         directory(f"{phase_dir('{gate}', '{path}', '{seed}')}/final"),
     params:
         run_dir=phase_dir("{gate}", "{path}", "{seed}"),
-        # train.share_teacher_logits: where the seed's runs keep the teacher's logits (melt_core/train.py)
+        # train.share_teacher_logits: where the seed's runs keep the teacher's logits (melt_core/training/train.py)
         teacher_cache=lambda wc: f"{OUT}/runs/seed{wc.seed}/teacher_logits"
         if config["train"]["share_teacher_logits"] else None,
         seed=lambda wc: int(wc.seed),

@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.lighteval_tasks import prefetch
+from melt_core.evaluation.lighteval_tasks import prefetch
 
 with rule_context(snakemake, "data") as log:
     manifest = prefetch(snakemake.params.tasks)

@@ -17,7 +17,7 @@ from model_id import ModelId
 from report_common import Results
 from verdicts import FAILS, HOLDS, INCONCLUSIVE, NA, all_of, beats, near
 
-from melt_core.config import ModelConfig
+from melt_core.modeling.config import ModelConfig
 
 
 def pct(v):

@@ -5,7 +5,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.checkpoint import convert_ouro_to_melt
+from melt_core.modeling.checkpoint import convert_ouro_to_melt
 
 with rule_context(snakemake, "convert") as log:
     opts = {**snakemake.params.convert, "seed": snakemake.params.seed}  # the training seed draws the gates

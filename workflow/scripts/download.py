@@ -6,7 +6,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.download import fetch
+from melt_core.ops.download import fetch
 
 source = snakemake.params.source
 with rule_context(snakemake, "source") as log:

@@ -16,8 +16,8 @@ from common import rule_context
 from eval_common import load_eval_model
 
 from melt_core.data import PackedData, load_tokenizer, read_jsonl
-from melt_core.early_exit import ExitRule, train_exit_gate
-from melt_core.evaluate import TaskSpec
+from melt_core.evaluation.evaluate import TaskSpec
+from melt_core.modeling.early_exit import ExitRule, train_exit_gate
 from melt_core.tracking import stamp
 
 sm = snakemake
@@ -40,7 +40,7 @@ with rule_context(sm, "early_exit") as log:
         refit = copy.deepcopy(model).to(device)
         batch = sweep["exit_gate_batch"]
         # exit_gate_group: the frozen model's forward over that many steps' batches at once, the same
-        # fit (melt_core.early_exit.train_exit_gate)
+        # fit (melt_core.modeling.early_exit.train_exit_gate)
         losses = train_exit_gate(refit, lambda s: tuple(t.to(device) for t in data.batch(s, batch)), steps,
                                  sweep["exit_gate_lr"], log, prefix="early_exit/exit_gate",
                                  group=sweep["exit_gate_group"])

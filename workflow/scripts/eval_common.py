@@ -2,13 +2,15 @@
 device with its cache mode, and the backend that evaluates it."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from model_id import ModelId
 
-from melt_core.checkpoint import read_config
-from melt_core.evaluate import evaluate
-from melt_core.inference import (
+from melt_core.evaluation.evaluate import evaluate
+from melt_core.evaluation.lighteval_adapter import evaluate_lighteval
+from melt_core.modeling.checkpoint import read_config
+from melt_core.serving.inference import (
     ModelSpec,
     exit_rule,
     load_model,
@@ -16,10 +18,9 @@ from melt_core.inference import (
     resolve_device,
     resolve_dtype,
     resolve_memory_budget,
+    spec_vllm_refusal,
     start_engine,
-    vllm_refusal,
 )
-from melt_core.lighteval_adapter import evaluate_lighteval
 
 
 def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=None, **spec_kw):
@@ -27,20 +28,20 @@ def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=
     cache; the memory budget is resolved against the loaded weights. ``member``: the id's checkpoint,
     prefill, window and MLflow tags (common.smk eval_member, in the rules' ``models`` param);
     ``model``: the one an earlier task of the same job loaded for this id, reused."""
-    spec = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
-                     window=member["window"], batching=sm.params.batching,
-                     **{"engine": sm.params.engine, "vllm": sm.params.vllm, **spec_kw})
     parsed = ModelId.parse(model_id)
-    if parsed.kind == "sharing":
-        spec.cache_mode, spec.keep_prompt = parsed.sharing_cache
+    cache_mode, keep_prompt = parsed.sharing_cache if parsed.kind == "sharing" else ("default", False)
+    asked = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
+                      window=member["window"], batching=sm.params.batching, cache_mode=cache_mode,
+                      keep_prompt=keep_prompt, **{"engine": sm.params.engine, "vllm": sm.params.vllm, **spec_kw})
     device = resolve_device(sm.params.device)
     dtype = resolve_dtype(sm.params.dtype, device)
-    if spec.engine == "vllm":
-        config = read_config(spec.path) if model_kind(spec) == "melt" else None
-        refusal = vllm_refusal(spec, exit_rule(spec, task_cfg.get("exit"), config))
+    refusal = None
+    if asked.engine == "vllm":
+        config = read_config(asked.path) if model_kind(asked) == "melt" else None
+        refusal = spec_vllm_refusal(asked, exit_rule(asked, task_cfg.get("exit"), config))
         if refusal:  # README: what stays on the native engine, and why
             print(f"{model_id}: evaluated on the native engine, not vLLM: {refusal}")
-            spec.engine = "native"
+    spec = replace(asked, engine="native") if refusal else asked
     log.log_params({"model": model_id, "cache_mode": spec.cache_mode, "keep_prompt": spec.keep_prompt,
                     "prefill_chunk": spec.prefill_chunk, "window": spec.window, "batching": spec.batching,
                     "backend": sm.params.backend, "engine": spec.engine,

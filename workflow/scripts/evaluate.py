@@ -15,7 +15,7 @@ sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 from eval_common import load_eval_model
 
-from melt_core.evaluate import TaskSpec
+from melt_core.evaluation.evaluate import TaskSpec
 
 sm = snakemake
 shard = sm.wildcards.get("shard", "")

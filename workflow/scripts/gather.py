@@ -13,10 +13,10 @@ from common import rule_context
 from model_id import ModelId
 from verdicts import interval
 
-from melt_core.checkpoint import load_pretrained
-from melt_core.config import LEARNED_GATES
 from melt_core.data import load_tokenizer, prompt_ids, read_jsonl
-from melt_core.gate import mean_retention
+from melt_core.modeling.checkpoint import load_pretrained
+from melt_core.modeling.config import LEARNED_GATES
+from melt_core.modeling.gate import mean_retention
 
 sm = snakemake
 SETTINGS = sm.params.settings

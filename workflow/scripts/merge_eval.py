@@ -5,7 +5,7 @@ import sys
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.evaluate import merge_shards
+from melt_core.evaluation.evaluate import merge_shards
 
 with rule_context(snakemake, "eval") as log:
     result = merge_shards(list(snakemake.input), snakemake.output[0], log)

@@ -1,4 +1,4 @@
-"""Rule plan: the config's cost plan (melt_core/plan.py) as plan.md, and on the terminal."""
+"""Rule plan: the config's cost plan (melt_core/ops/plan.py) as plan.md, and on the terminal."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.plan import plan, render
+from melt_core.ops.plan import plan, render
 
 with rule_context(snakemake, "report") as log:
     jobs, assumptions = plan(snakemake.params.config, snakemake.params.models, snakemake.params.phase_jobs,

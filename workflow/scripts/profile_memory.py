@@ -9,7 +9,7 @@ import torch
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.profiler import profile_memory
+from melt_core.ops.profiler import profile_memory
 
 sm = snakemake
 p = sm.params.profile

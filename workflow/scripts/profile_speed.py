@@ -8,10 +8,10 @@ import torch
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.checkpoint import melt_from_ouro
-from melt_core.config import ModelConfig
-from melt_core.profiler import build_random, compare_decode, loop_and_window_sweeps, train_throughput
-from melt_core.shapes import SPEED_SHAPES
+from melt_core.modeling.checkpoint import melt_from_ouro
+from melt_core.modeling.config import ModelConfig
+from melt_core.modeling.shapes import SPEED_SHAPES
+from melt_core.ops.profiler import build_random, compare_decode, loop_and_window_sweeps, train_throughput
 
 sm = snakemake
 p = sm.params.profile

@@ -18,7 +18,7 @@ from common import rule_context
 from model_id import ModelId, parse_run
 from report_common import Results
 
-from melt_core.config import LEARNED_GATES
+from melt_core.modeling.config import LEARNED_GATES
 
 sm = snakemake
 

@@ -10,9 +10,9 @@ from pathlib import Path
 sys.path.insert(0, snakemake.scriptdir)
 from common import rule_context
 
-from melt_core.config import LEARNED_GATES
-from melt_core.launch import launch
+from melt_core.modeling.config import LEARNED_GATES
 from melt_core.tracking import config_hash
+from melt_core.training.launch import launch
 
 sm = snakemake
 gate, path, seed = sm.wildcards.gate, sm.wildcards.path, sm.params.seed
