@@ -57,6 +57,7 @@ def test_every_section_runs_and_stands_beside_its_limit(result):
 def test_the_plan_reads_the_measured_rates(result, tmp_path):
     out, data = result
     cfg = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    cfg["eval"]["engine"] = "native"  # the measured decode rates are melt_core's engine's (vLLM's: its own model)
     assumed, _ = plan(cfg, {"ouro": "ouro"}, [("elementwise", "phase1", 500)])
     cfg["plan"] = {"measured": str(out / "gpu_acceptance.json")}
     measured, a = plan(cfg, {"ouro": "ouro"}, [("elementwise", "phase1", 500)])

@@ -54,8 +54,34 @@ def test_vllm_evals_are_priced_by_the_tokens_held_and_the_sharing_caches_stay_na
     assert aime["ouro-last-loop aime24"].note.startswith("batch 2")
     native, _ = plan({**cfg, "eval": {**cfg["eval"], "engine": "native"}}, models, [])
     hours = {j.name: j.gpu_hours for j in native}
-    assert aime["ouro aime24"].gpu_hours == pytest.approx(hours["ouro aime24"] * 2 / 8)
     assert aime["ouro-last-loop aime24"].gpu_hours == pytest.approx(hours["ouro-last-loop aime24"])
+
+
+def test_vllm_evals_are_priced_from_what_the_engine_does():
+    """A vLLM job: decode steps of the running batch at the stated share of HBM bandwidth, prompts
+    prefilled in the batch (Ouro's 30 AIME prompts once for their 16 samples; MELT's every sample's,
+    since its prefix hits end at a chunk start on a block edge and 300 tokens are one chunk of 500),
+    and every sequence recomputed once at the mean tokens held where memory sets the batch."""
+    from melt_core.ops.plan import decode_step_bytes, forward_flops_per_token, kv_read_per_position
+
+    cfg = unsharded_paper()
+    jobs, a = plan(cfg, {"ouro": "ouro", "melt-elementwise__full": "melt"}, [])
+    aime = {j.name: j for j in jobs if j.name.endswith(" aime24")}
+    ouro = ModelConfig.from_name("ouro-1.4b")
+    tokens, batch, held = 30 * 16 * 16_384, 8, 300 + 8_192
+    decode = (decode_step_bytes(ouro, 0, 0) * tokens / batch + tokens * held * kv_read_per_position(ouro)) / 3.35e12
+    # each prompt in full once, then its last partial block (300 - 288 tokens) again for every other sample
+    prefill = (30 * 300 + 30 * 15 * 12) * forward_flops_per_token(ouro, 300)
+    preempt = 30 * 16 * held * forward_flops_per_token(ouro, held)
+    want = (decode / 0.5 + (prefill + preempt) / (0.4 * 989.4e12)) / 3600
+    assert aime["ouro aime24"].gpu_hours == pytest.approx(want, rel=1e-9)
+    assert "(30 prompts computed)" in aime["ouro aime24"].note
+    assert "(480 prompts computed)" in aime["melt-elementwise__full aime24"].note
+    for j in aime.values():  # the assumed shares put the estimate at about 1 / 0.5 of the roofline
+        assert 2 <= j.gpu_hours / j.limit_gpu_hours < 2.5, j.name
+    token_by_token = {**cfg, "eval": {**cfg["eval"], "prefill_chunk": None}}
+    (melt_jobs, _) = plan(token_by_token, {"melt-elementwise__full": "melt"}, [])
+    assert "(30 prompts computed)" in next(j for j in melt_jobs if j.name.endswith(" aime24")).note
 
 
 def test_one_decision_says_what_stays_off_vllm_and_names_the_key():
@@ -179,6 +205,6 @@ def test_the_plan_shows_estimate_limit_and_ratio_per_job_and_in_total():
         assert 1 < j.gpu_hours / j.limit_gpu_hours, j.name
     text = render(jobs, a, cfg["name"])
     assert "| limit GPU-hours | estimate / limit |" in text and "the hardware's limit" in text
-    cfg["plan"] = {"hbm_bytes_per_s": 2 * 3.35e12}  # a stated config value, not a constant in code
+    cfg["plan"] = {"hbm_bytes_per_s": 2 * 3.35e12, "peak_bf16_flops": 2 * 989.4e12}  # stated config values
     doubled, _ = plan(cfg, {"ouro": "ouro"}, [])
     assert doubled[0].limit_hours == pytest.approx(jobs[1].limit_hours / 2)

@@ -41,6 +41,12 @@ ASSUMPTIONS = {
     "hbm_bytes_per_s": 3.35e12,
     "peak_bf16_flops": 989.4e12,
     "job_limit_hours": 24.0,  # profiles/slurm: the eval rule's runtime
+    # vLLM (eval.engine: vllm), priced from what its engine does: decode steps of the whole running batch
+    # at this share of the HBM bandwidth, prompts prefilled in its batch at this share of the bf16 peak
+    # (ASSUMED, not measured: no GPU was lent; benchmarks/gpu_acceptance.py's vLLM rows measure them)
+    "vllm_bandwidth_share": 0.5,
+    "vllm_flops_share": 0.4,
+    "vllm_block_size": 16,  # vLLM's default KV block on a GPU: prefix caching shares whole blocks
     "shapes": {"ouro": "ouro-1.4b", "melt": "melt-1.6b", "dense": "qwen3-1.7b-shape"},
 }
 
@@ -175,13 +181,24 @@ def _decode_job(stage: str, model: str, family: str, task: str, spec: dict, ques
         batch = max(0, min(config["eval"].get("batch_size", 16), int(budget // per_seq)))
     tokens = questions * spec.get("samples", 1) * passes * answer
     shards = spec.get("shards", 1) if stage == "eval" else 1
-    hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600 / shards  # each shard's job
     # the roofline: tokens / batch steps, each reading the weights, and every token's K/V reads at
     # its mean context (prompt + half its answer), over the HBM bandwidth
     steps = tokens / max(batch, 1)
     bytes_read = (decode_step_bytes(cfg, 0, 0) * steps
                   + tokens * (a["prompt_tokens"] + answer / 2) * kv_read_per_position(cfg))
     limit = bytes_read / a["hbm_bytes_per_s"] / 3600 / shards
+    factors = ""
+    if paged:
+        memory_bound = batch < (config["eval"].get("vllm") or {}).get("max_num_seqs", 256)
+        cost = vllm_costs(cfg, family, questions * passes, spec.get("samples", 1), batch, memory_bound,
+                          int(a["prompt_tokens"] + answer / 2), config["eval"].get("prefill_chunk"), a)
+        hours = (bytes_read / (a["hbm_bytes_per_s"] * a["vllm_bandwidth_share"]) / 3600
+                 + cost["prefill_hours"] + cost["preempt_hours"]) / shards
+        limit += cost["prefill_limit_hours"] / shards
+        factors = (f"; decode at {a['vllm_bandwidth_share']:.0%} of HBM, prefill {cost['prefill_hours']:.2f} h "
+                   f"({cost['prefills']:,} prompts computed), preemption <= {cost['preempt_hours']:.2f} h")
+    else:
+        hours = tokens / (a["decode_tok_s"][family] * max(batch, 1)) / 3600 / shards  # each shard's job
     need = math.ceil(hours * shards / a["job_limit_hours"])
     note = "DOES NOT FIT one sequence" if batch == 0 else (
         f"over the {a['job_limit_hours']:.0f} h limit: "
@@ -189,8 +206,38 @@ def _decode_job(stage: str, model: str, family: str, task: str, spec: dict, ques
         if hours > a["job_limit_hours"] else "")
     name = f"{model} {task}" + (f" x {passes} rules" if passes > 1 else "")
     name += f" ({shards} shards)" if shards > 1 else ""
-    return Job(stage, name, tokens, 1, hours, weights_gb(cfg) + max(batch, 1) * per_seq / 1e9,
-               f"{'vLLM ' if paged else ''}batch {batch}; {note}".strip("; "), count=shards, limit_hours=limit)
+    note = f"{'vLLM ' if paged else ''}batch {batch}; {note}".strip("; ") + factors
+    return Job(stage, name, tokens, 1, hours, weights_gb(cfg) + max(batch, 1) * per_seq / 1e9, note, count=shards,
+               limit_hours=limit)
+
+
+def vllm_costs(cfg: ModelConfig, family: str, prompts: int, samples: int, batch: int, memory_bound: bool,
+               held_tokens: int, chunk: int | None, a: dict) -> dict:
+    """What vLLM's engine spends beside the decode steps on one eval job, in hours:
+
+    - prefill, in vLLM's batch at ``vllm_flops_share`` of the bf16 peak. Prefix caching computes a
+      prompt once for its n samples where the cached blocks reach: Ouro's every whole block; MELT's
+      only up to its last chunk start on a block edge (melt_core/serving/vllm_scheduler.py: a hit must
+      end where a chunk starts), so at the paper's chunk of 500 and 300-token prompts every sample
+      computes its prompt again (``prefills``: the prompts computed in full). The limit: each prompt
+      once, at the peak.
+    - preemption, an upper bound: where the KV memory, not max_num_seqs, sets the batch
+      (``memory_bound``), a sequence longer than the mean overflows the pool and vLLM recomputes a
+      preempted one as a prefill: bounded by every sequence recomputed once at the mean tokens held."""
+    p, block = a["prompt_tokens"], a["vllm_block_size"]
+    if family == "melt" and chunk and chunk > 1:
+        shared = max([s for s in (p - k * chunk for k in range(1, p // chunk + 1)) if s % block == 0] or [0])
+    else:
+        shared = p // block * block
+    rate = a["peak_bf16_flops"] * a["vllm_flops_share"]
+    computed = prompts * p + prompts * (samples - 1) * (p - shared)
+    sequences = prompts * samples
+    recompute = sequences * held_tokens if memory_bound and batch else 0
+    preempt = recompute * forward_flops_per_token(cfg, held_tokens)
+    return {"prefills": prompts + (prompts * (samples - 1) if p - shared >= block else 0),
+            "prefill_hours": computed * forward_flops_per_token(cfg, p) / rate / 3600,
+            "prefill_limit_hours": prompts * p * forward_flops_per_token(cfg, p) / a["peak_bf16_flops"] / 3600,
+            "preempt_hours": preempt / rate / 3600}
 
 
 def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
@@ -199,10 +246,15 @@ def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
     lines = [f"# Cost plan: {config_name}", "",
              "Estimates from the config and stated assumptions (melt_core/ops/plan.py; override in `plan:`): "
              f"training at {assumptions['train_tok_s_per_gpu']:.0f} tokens/s per H100 ({source}), "
-             f"decoding at {source} per-sequence rates {assumptions['decode_tok_s']} tok/s times the batch that fits "
-             f"in {assumptions['gpu_memory_gb']:.0f} GB (native: a whole prompt + max_new_tokens cache a row; vLLM, "
-             "where the eval runs there: paged, the tokens a running sequence holds on average, prompt + half "
-             "the mean answer, within eval.vllm.kv_cache_gb and max_num_seqs), answers averaging "
+             f"native decoding at {source} per-sequence rates {assumptions['decode_tok_s']} tok/s times the batch "
+             f"that fits in {assumptions['gpu_memory_gb']:.0f} GB (a whole prompt + max_new_tokens cache a row); vLLM "
+             "decoding, where the eval runs there, priced from what its engine does: the batch the paged KV holds "
+             "(the tokens a running sequence holds on average, prompt + half the mean answer, within "
+             "eval.vllm.kv_cache_gb and max_num_seqs), each decode step at "
+             f"{assumptions['vllm_bandwidth_share']:.0%} of the HBM bandwidth, prompts prefilled in the batch at "
+             f"{assumptions['vllm_flops_share']:.0%} of the bf16 peak (shared by a prompt's samples as far as "
+             "prefix caching reaches), and preemption's recompute as an upper bound (the two shares are "
+             "assumed, not measured); answers averaging "
              f"{assumptions['mean_new_fraction']:.0%} of "
              "max_new_tokens. Beside each estimate, its limit: the wall-clock no GPU of "
              f"{assumptions['hbm_bytes_per_s'] / 1e12:.2f} TB/s HBM and {assumptions['peak_bf16_flops'] / 1e12:.0f} "
@@ -214,8 +266,16 @@ def render(jobs: list[Job], assumptions: dict, config_name: str) -> str:
             continue
         est, lim = sum(j.gpu_hours for j in part), sum(j.limit_gpu_hours or 0 for j in part)
         lines += [f"## {stage}: {sum(j.count for j in part)} jobs, {sum(j.tokens for j in part) / 1e6:,.0f}M tokens, "
-                  f"{est:,.0f} GPU-hours (limit {lim:,.1f}, {_ratio(est, lim)})", "",
-                  "| job | tokens (M) | GPUs | wall-clock h (per job) | GPU-hours | limit GPU-hours | estimate / limit "
+                  f"{est:,.0f} GPU-hours (limit {lim:,.1f}, {_ratio(est, lim)})", ""]
+        engines = {kind: [j for j in part if j.note.startswith("vLLM ") == (kind == "vLLM")]
+                   for kind in ("vLLM", "native")}
+        if stage != "train" and all(engines.values()):  # where the GPU-hours go, engine by engine
+            lines += ["By engine: " + "; ".join(
+                f"{kind} {sum(j.count for j in js)} jobs, {sum(j.gpu_hours for j in js):,.0f} GPU-hours (limit "
+                f"{sum(j.limit_gpu_hours or 0 for j in js):,.1f}, "
+                f"{_ratio(sum(j.gpu_hours for j in js), sum(j.limit_gpu_hours or 0 for j in js))})"
+                for kind, js in engines.items()) + ".", ""]
+        lines += ["| job | tokens (M) | GPUs | wall-clock h (per job) | GPU-hours | limit GPU-hours | estimate / limit "
                   "| peak GB | note |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {j.name} | {j.tokens / 1e6:,.1f} | {j.gpus} | {j.hours:,.1f} | {j.gpu_hours:,.1f} | "
