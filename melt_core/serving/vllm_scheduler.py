@@ -15,9 +15,10 @@ So this scheduler only decides how many tokens each MELT sequence gets in a step
   alike share blocks (n samples of one prompt; a preempted sequence its own blocks); a hit is kept
   up to the last chunk boundary that is also a block boundary, and never over a block some sequence
   writes in this step (its rows are still being looped there). A sample whose prompt a sibling is
-  still prefilling waits for it (and so do the requests queued behind it, as vLLM keeps its queue's
-  order), then hits its blocks: n samples compute their prompt once, up to its last aligned chunk
-  start, at the cost of starting one prompt's prefill later.
+  still prefilling waits for it where a hit can be kept (and so do the requests queued behind it, as
+  vLLM keeps its queue's order), then hits its blocks: n samples compute their prompt once, up to its
+  last aligned chunk start, at the cost of starting one prompt's prefill later. Where no chunk start
+  falls on a block edge (``shareable_tokens`` 0) the samples prefill side by side.
 
 Every other model runs vLLM's own scheduling unchanged. Imported only in the serving environment.
 """
@@ -45,6 +46,13 @@ def next_chunk_end(done: int, prompt_len: int, chunk: int) -> int:
 
 def is_chunk_start(pos: int, prompt_len: int, chunk: int) -> bool:
     return pos == 0 or pos >= prompt_len or (pos - (prompt_len % chunk or chunk)) % chunk == 0
+
+
+def shareable_tokens(prompt_len: int, chunk: int, block: int) -> int:
+    """The most of a prompt's rows a prefix hit can keep: its last chunk start on a block edge before
+    its last token (vLLM computes at least one token of a prompt itself)."""
+    edges = range((prompt_len - 1) // block * block, 0, -block)
+    return next((n for n in edges if is_chunk_start(n, prompt_len, chunk)), 0)
 
 
 class MeltScheduler(Scheduler):
@@ -86,8 +94,12 @@ class MeltScheduler(Scheduler):
 
     def _sibling_computing(self, request) -> bool:
         """A request not yet running whose first block another running request is still prefilling
-        (a sample of the same prompt, cut alike): it waits for that prompt's blocks to hit them."""
+        (a sample of the same prompt, cut alike): it waits for that prompt's blocks to hit them, where
+        a hit can be kept at all (some chunk start inside the prompt on a block edge); else waiting
+        would only start its prefill later."""
         if request.status == RequestStatus.RUNNING or not request.block_hashes:
+            return False
+        if shareable_tokens(request.num_prompt_tokens, self.chunk, self.block_size) == 0:
             return False
         first = request.block_hashes[0]
         return any(r is not request and r.num_computed_tokens < r.num_prompt_tokens and r.block_hashes[:1] == [first]
