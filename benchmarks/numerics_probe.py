@@ -45,7 +45,7 @@ import hashlib, json, torch
 import torch.nn.functional as F
 from melt_core.modeling.checkpoint import melt_from_ouro
 from melt_core.modeling.config import ModelConfig
-from melt_core.modeling.losses import kd_loss_sum, lm_loss_sum
+from embedded_steps import phase_step, teacher_step
 from melt_core.modeling.model import LoopedLM
 from melt_core.modeling.shapes import SPEED_SHAPES
 torch.manual_seed(0)
@@ -78,22 +78,13 @@ teacher = LoopedLM(cfg)
 opt = torch.optim.AdamW(teacher.parameters(), lr=3e-3)
 g = torch.Generator().manual_seed(0)
 for _ in range(3):  # source.pretrain: per-loop LM loss on packed rows of 208 tokens
-    ids = torch.randint(3, 24, (8, 209), generator=g)
-    lo = teacher(ids[:, :-1], logits="all").per_loop_logits
-    loss = sum(lm_loss_sum(x, ids[:, 1:], torch.ones_like(ids[:, 1:], dtype=torch.bool)) for x in lo)
-    opt.zero_grad(); loss.backward(); opt.step()
+    teacher_step(teacher, opt, torch.randint(3, 24, (8, 209), generator=g))
 out["teacher: 3 pretraining steps, weights"] = h(params(teacher))
 teacher.eval()
 student = melt_from_ouro(teacher, gate="elementwise", gate_init_std=0.1).train()
 opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
 for _ in range(2):  # train: chunk-wise forward (C = 16 of 208), KD on every loop's logits
-    ids = torch.randint(3, 24, (4, 208), generator=g)
-    mask = torch.ones(4, 208)
-    with torch.no_grad():
-        t_logits = teacher(ids, logits="all").per_loop_logits
-    s = student(ids, cache=student.new_cache(), chunk_size=16, logits="all")
-    loss = kd_loss_sum(s.per_loop_logits, t_logits, mask) / mask.sum()
-    opt.zero_grad(); loss.backward(); opt.step()
+    loss = phase_step(teacher, student, opt, torch.randint(3, 24, (4, 208), generator=g))
 out["melt: 2 chunk-wise phase steps, weights"] = h(params(student))
 out["melt: loss of the last step (hex)"] = loss.item().hex()
 print("JSON" + json.dumps(out))
@@ -104,7 +95,8 @@ def run(pins: dict[str, str], threads: int, python: str = sys.executable) -> dic
     """The child's digests under `pins` at `threads` threads, in a fresh interpreter (the pins must be
     set before torch loads), with the CNR branch MKL reported for its products."""
     env = {k: v for k, v in os.environ.items() if k not in PINNED_VARS and not k.startswith(("MKL_", "ONEDNN_"))}
-    env.update(pins, OMP_NUM_THREADS=str(threads), MKL_VERBOSE="1", PYTHONPATH=str(ROOT))
+    env.update(pins, OMP_NUM_THREADS=str(threads), MKL_VERBOSE="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
     done = subprocess.run([python, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
     if done.returncode:
         raise RuntimeError(f"the probe failed under {pins} at {threads} thread(s):\n{done.stderr[-3000:]}")

@@ -31,7 +31,7 @@ CHILD = r'''
 import json, sys, time, torch
 from melt_core.modeling.checkpoint import melt_from_ouro
 from melt_core.modeling.config import ModelConfig
-from melt_core.modeling.losses import kd_loss_sum, lm_loss_sum
+from embedded_steps import phase_step, teacher_step
 from melt_core.modeling.model import LoopedLM
 from melt_core.modeling.shapes import SPEED_SHAPES
 which, steps = sys.argv[1], int(sys.argv[2])
@@ -42,23 +42,14 @@ if which == "teacher":
     torch.set_num_threads(2)
     opt = torch.optim.AdamW(teacher.parameters(), lr=3e-3)
     def step():
-        ids = torch.randint(3, 24, (32, 209), generator=g)
-        lo = teacher(ids[:, :-1], logits="all").per_loop_logits
-        loss = sum(lm_loss_sum(x, ids[:, 1:], torch.ones_like(ids[:, 1:], dtype=torch.bool)) for x in lo)
-        opt.zero_grad(); loss.backward(); opt.step()
+        teacher_step(teacher, opt, torch.randint(3, 24, (32, 209), generator=g))
 else:
     torch.set_num_threads(1)
     teacher.eval()
     student = melt_from_ouro(teacher, gate="elementwise").train()
     opt = torch.optim.AdamW(student.parameters(), lr=1e-3)
     def step():
-        ids = torch.randint(3, 24, (16, 208), generator=g)
-        mask = torch.ones(16, 208)
-        with torch.no_grad():
-            t_logits = teacher(ids, logits="all").per_loop_logits
-        s = student(ids, cache=student.new_cache(), chunk_size=16, logits="all")
-        loss = kd_loss_sum(s.per_loop_logits, t_logits, mask) / mask.sum()
-        opt.zero_grad(); loss.backward(); opt.step()
+        phase_step(teacher, student, opt, torch.randint(3, 24, (16, 208), generator=g))
 step()  # warm-up
 times = []
 for _ in range(steps):
@@ -69,7 +60,7 @@ print("JSON" + json.dumps(times))
 
 def time_steps(pins: dict[str, str], which: str, steps: int) -> list[float]:
     env = {k: v for k, v in os.environ.items() if k not in PINNED_VARS and not k.startswith(("MKL_", "ONEDNN_"))}
-    env.update(pins, PYTHONPATH=str(ROOT))
+    env.update(pins, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "benchmarks")]))
     done = subprocess.run([sys.executable, "-c", CHILD, which, str(steps)], env=env, capture_output=True,
                           text=True, timeout=900, check=True)
     return json.loads(done.stdout.split("JSON", 1)[1])
