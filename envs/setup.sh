@@ -33,6 +33,7 @@ if [[ ! -x .venv/bin/python ]] || ! cmp -s "$req" "$stamp"; then
   fi
   .venv/bin/python -c "import melt_core, torch, snakemake" # fail loudly if the install did not take
   cp "$req" "$stamp"
+  cp pyproject.toml .venv/.installed-pyproject  # melt_core was installed just now (below: when it changes)
 fi
 # The serving environment: vLLM's CPU backend and melt_core, for eval.engine: vllm (see the file's
 # header for why it is a second environment). --no-deps: exactly the pinned set.
@@ -57,6 +58,7 @@ if [[ ! -x .venv-vllm/bin/python ]] || ! cmp -s "$vreq" "$vstamp"; then
   .venv-vllm/bin/python -c "import vllm, melt_core.serving.vllm_plugin" 2>/dev/null || {
     echo "setup: .venv-vllm does not import vllm" >&2; exit 1; }
   cp "$vreq" "$vstamp"
+  cp pyproject.toml .venv-vllm/.installed-pyproject
 fi
 # melt_core itself, installed editable in both: again whenever pyproject.toml changes, since its entry
 # points (the vLLM plugin's module path) are written at install time, not read from the source

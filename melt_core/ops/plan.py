@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..modeling.checkpoint import expected_shapes
 from ..modeling.config import ModelConfig
+from ..serving.chunk_cut import shareable_tokens
 
 # Stated assumptions; each one can be overridden by the config's `plan:` block.
 ASSUMPTIONS = {
@@ -225,10 +226,7 @@ def vllm_costs(cfg: ModelConfig, family: str, prompts: int, samples: int, batch:
       (``memory_bound``), a sequence longer than the mean overflows the pool and vLLM recomputes a
       preempted one as a prefill: bounded by every sequence recomputed once at the mean tokens held."""
     p, block = a["prompt_tokens"], a["vllm_block_size"]
-    if family == "melt" and chunk and chunk > 1:
-        shared = max([s for s in (p - k * chunk for k in range(1, p // chunk + 1)) if s % block == 0] or [0])
-    else:
-        shared = p // block * block
+    shared = shareable_tokens(p, chunk if family == "melt" and chunk else 1, block)
     rate = a["peak_bf16_flops"] * a["vllm_flops_share"]
     computed = prompts * p + prompts * (samples - 1) * (p - shared)
     sequences = prompts * samples

@@ -98,9 +98,11 @@ def resolve_memory_budget(setting: float | None, device: str, model) -> float:
     return CPU_MEMORY_BUDGET_GB
 
 
-def spec_vllm_refusal(spec: ModelSpec, exit_rule_: ExitRule | None = None) -> str | None:
-    """vllm_refusal for an eval's model: its spec, the checkpoint's own window and the task's exit rule."""
-    cfg = read_config(spec.path) if model_kind(spec) == "melt" else None
+def spec_vllm_refusal(spec: ModelSpec, exit_rule_: ExitRule | None = None, cfg=None) -> str | None:
+    """vllm_refusal for an eval's model: its spec, the checkpoint's own window and the task's exit rule.
+    ``cfg``: the checkpoint's config where the caller has read it already (else read here)."""
+    if cfg is None and model_kind(spec) == "melt":
+        cfg = read_config(spec.path)
     window = spec.window or (cfg.window if cfg is not None and cfg.is_melt else None)
     stops = exit_rule_ is not None and cfg is not None and exit_rule_.stops_early(cfg.total_ut_steps)
     return vllm_refusal(spec.cache_mode, spec.keep_prompt, window, exit_rule_.label() if stops else None)

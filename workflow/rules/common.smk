@@ -211,9 +211,7 @@ def model_window(model):
 def vllm_refusal_of(model):
     """Why vLLM cannot run a model id (None: it can), decided by melt_core.serving.engine_choice; a
     window kept in the checkpoint and a task's early exit are known in the eval job, which asks again."""
-    parsed = ModelId.parse(model)
-    cache_mode, keep_prompt = parsed.sharing_cache if parsed.kind == "sharing" else ("default", False)
-    return vllm_refusal(cache_mode, keep_prompt, model_window(model))
+    return vllm_refusal(*ModelId.parse(model).cache, model_window(model))
 
 
 def teacher_models(seed=None):

@@ -28,8 +28,7 @@ def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=
     cache; the memory budget is resolved against the loaded weights. ``member``: the id's checkpoint,
     prefill, window and MLflow tags (common.smk eval_member, in the rules' ``models`` param);
     ``model``: the one an earlier task of the same job loaded for this id, reused."""
-    parsed = ModelId.parse(model_id)
-    cache_mode, keep_prompt = parsed.sharing_cache if parsed.kind == "sharing" else ("default", False)
+    cache_mode, keep_prompt = ModelId.parse(model_id).cache
     asked = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
                       window=member["window"], batching=sm.params.batching, cache_mode=cache_mode,
                       keep_prompt=keep_prompt, **{"engine": sm.params.engine, "vllm": sm.params.vllm, **spec_kw})
@@ -38,7 +37,7 @@ def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=
     refusal = None
     if asked.engine == "vllm":
         config = read_config(asked.path) if model_kind(asked) == "melt" else None
-        refusal = spec_vllm_refusal(asked, exit_rule(asked, task_cfg.get("exit"), config))
+        refusal = spec_vllm_refusal(asked, exit_rule(asked, task_cfg.get("exit"), config), config)
         if refusal:  # README: what stays on the native engine, and why
             print(f"{model_id}: evaluated on the native engine, not vLLM: {refusal}")
     spec = replace(asked, engine="native") if refusal else asked

@@ -157,6 +157,12 @@ class ModelId:
         return int(self.variant.removeprefix("window-")) if self.variant.startswith("window-") else None
 
     @property
+    def cache(self) -> tuple[str, bool]:
+        """The cache this id evaluates with: a sharing baseline's (sharing_cache), else the model's own
+        ("default", no kept prompt)."""
+        return self.sharing_cache if self.kind == "sharing" else ("default", False)
+
+    @property
     def sharing_cache(self) -> tuple[str, bool]:
         """A sharing baseline's cache mode and whether it keeps the prompt's per-loop K/V."""
         return self.name.removesuffix("+prompt"), self.name.endswith("+prompt")
