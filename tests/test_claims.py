@@ -15,8 +15,8 @@ from helpers import rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
 import claims  # noqa: E402
-from report_common import Results  # noqa: E402
-from verdicts import FAILS, HOLDS, INCONCLUSIVE, pooled_spread  # noqa: E402
+from report_common import Results, escapes  # noqa: E402
+from verdicts import FAILS, HOLDS, INCONCLUSIVE  # noqa: E402
 
 
 @pytest.mark.parametrize("rounds,expected", [
@@ -90,8 +90,9 @@ class World(Results):
     """Results of fabricated accuracies (percent, the same in every column and seed), read by
     claims.claims through the real Results' model naming; no timing or memory rows."""
 
-    def __init__(self, accuracy: dict[str, float]):
+    def __init__(self, accuracy: dict[str, float], escaped: dict | None = None):
         self.config = {**CONFIG, "speed_shape": "cpu-mid"}
+        self.escape_kd, self.escaped = (1.2, escaped) if escaped is not None else (None, {})
         self.version, self.seeds = CONFIG["paper_version"], CONFIG["seeds"]
         self.columns, self.long_column = CONFIG["report"]["columns"], CONFIG["report"]["long_column"]
         self.main_model = self.run_model(CONFIG["main_run"]["gate"], CONFIG["main_run"]["recipe"])
@@ -106,9 +107,6 @@ class World(Results):
 
     def score(self, model, paper_column):
         return self.accuracy[model]
-
-    def spread(self, paper_column):  # pooled over every model, as Results pools a column's cells
-        return pooled_spread(self.per_question(m, paper_column) for m in self.accuracy)
 
     def main_variants(self, kind=""):
         return [v for v in (f"{self.main_model}@prefill-chunk16", f"{self.main_model}@window-34") if kind in v]
@@ -152,6 +150,34 @@ def test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_t
     false = world(main=50, sharing=100, elementwise_gate=75, other_gates=95, recipe_chain=[50, 60, 75, 85, 95],
                   prefill=20, window=20, ouro=90)
     assert all(v.startswith(FAILS) for v in verdicts_of(false).values()), verdicts_of(false)
+
+
+def test_two_seeds_of_two_valued_training_decide_only_what_shares_the_teachers_weights():
+    """The true world again, now with every trained run's two seeds flagged as escaped: the sharing
+    claim (the teacher against its own weights under other caches, seed by seed) still holds, but
+    no claim that compares separately trained runs can hold or fail on two draws of a two-valued
+    outcome, and the prefill claim (the main run's own weights) is judged seed by seed."""
+    r = world(**TRUE_WORLD)
+    runs = {Results.run_model(g, rc) for g in CONFIG["ablations"]["gates"] for rc in CONFIG["ablations"]["recipes"]}
+    r.escape_kd = 1.2
+    r.escaped = {(m.removeprefix("melt-"), s): (True, 0.1) for m in runs for s in CONFIG["seeds"]}
+    found = verdicts_of(r)
+    assert found["Untrained KV sharing loses"] == HOLDS
+    assert found["Ours, not the paper's: MELT prefilled"] == HOLDS
+    for claim in ("MELT stays near Ouro in accuracy", "The element-wise gate beats", "Each recipe component helps"):
+        assert found[claim] == INCONCLUSIVE, (claim, found[claim])
+
+
+def test_escape_is_read_off_the_last_steps_kd():
+    """A run escaped when the mean KD of its last logged steps is under the threshold: the plateau
+    at 2.4 with one low step at the end is stuck, a run that fell to 0.1 escaped; seeds keep their
+    own flags; no threshold models no escape."""
+    rows = [{"run": "elementwise__full", "seed": s, "step": t, "kd": kd}
+            for s, curve in ((0, [2.4] * 19 + [0.5]), (1, [2.4] * 10 + [0.1] * 10)) for t, kd in enumerate(curve)]
+    found = escapes(pd.DataFrame(rows), 1.2, 10)
+    assert {k: v[0] for k, v in found.items()} == {("elementwise__full", 0): False, ("elementwise__full", 1): True}
+    assert found[("elementwise__full", 0)][1] == pytest.approx(2.21)
+    assert escapes(pd.DataFrame(rows), None, 10) == {}
 
 
 @pytest.mark.parametrize("ouro_bytes,ouro_sweep,expected", [

@@ -14,8 +14,8 @@ import numpy as np
 sys.path.insert(0, snakemake.scriptdir if "snakemake" in globals() else str(Path(__file__).resolve().parent))
 from common import rule_context
 from model_id import ModelId
-from report_common import Results
-from verdicts import FAILS, HOLDS, INCONCLUSIVE, NA, all_of, beats, near
+from report_common import Results, escape_rows
+from verdicts import FAILS, HOLDS, INCONCLUSIVE, NA, Family, all_of, beats, ci_of, near, verdict_of
 
 from melt_core.modeling.config import ModelConfig
 
@@ -53,8 +53,8 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
         full = full.iloc[0]
         judged = []
         for row in g[g.loop_fraction <= EXIT_BUDGET].itertuples():
-            verdict, ci = near(scores(row), scores(full), EXIT_MARGIN, scores(full), level=level)
-            judged.append((verdict, row, ci))
+            c = near(scores(row), scores(full), EXIT_MARGIN, scores(full), level=level)
+            judged.append((verdict_of(c), row, ci_of(c)))
         holding = sorted((j for j in judged if j[0] == HOLDS), key=lambda j: j[1].mean_loops)
         best = holding[0] if holding else max(judged, key=lambda j: j[1].accuracy, default=None)
         found[(model, variant)] = (full, best, judged)
@@ -151,88 +151,129 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                 f"T sweep {sorted(melt_flat)}: MELT {sorted(set(round(v, 6) for v in melt_flat.values()))} MB/token, "
                 f"Ouro {[round(ouro_lin[t], 6) for t in sorted(ouro_lin)]}", HOLDS if flat and linear else FAILS))
 
+    family = Family()  # every accuracy comparison below, Holm-corrected together before any is read
+    late = []  # (index in out, evidence, verdict): callables read after the correction
     col = "MATH-500"  # the column the paper's accuracy claims are read from (or its stand-in)
-    q = lambda model: r.per_question(model, col)  # noqa: E731
+    q = lambda model: r.cell(model, col)  # noqa: E731
     ouro = q("ouro")  # the reference: a claim about its students is judged only if it can do the task
     ouro_acc = r.score("ouro", col)
-    verdict, ci = near(q(r.main_model), ouro, 5.0, ouro, spread=r.spread(col))
-    out.append(("MELT stays near Ouro in accuracy (paper: MATH-500 93.4 vs 94.4; margin 5 pts)",
-                f"{r.columns[col]}: Ouro {pct(ouro_acc)}, MELT (main run) {pct(r.score(r.main_model, col))}; "
-                f"gap Ouro - MELT {ci}", verdict))
+
+    def claim(text, evidence, verdict):
+        late.append((len(out), evidence, verdict))
+        out.append((text, None, None))
+
+    def escaped(model):
+        flags = r.escape_flags(model)
+        return f" (escaped {sum(flags)} of {len(flags)})" if flags else ""
+
+    c = near(q(r.main_model), ouro, 5.0, ouro, family=family)
+    claim("MELT stays near Ouro in accuracy (paper: MATH-500 93.4 vs 94.4; margin 5 pts)",
+          lambda c=c: f"{r.columns[col]}: Ouro {pct(ouro_acc)}, MELT (main run) {pct(r.score(r.main_model, col))}"
+                      f"{escaped(r.main_model)}; gap Ouro - MELT {ci_of(c)}", lambda c=c: verdict_of(c))
     long = r.long_column  # the long-answer task, where the paper's claims about caches are made
     if long:
-        ql = lambda model: r.per_question(model, long)  # noqa: E731
-        verdict, ci = near(ql(r.main_model), ql("ouro"), 5.0, ql("ouro"), spread=r.spread(long))
-        out.append(("MELT stays near Ouro on long answers (ours: the long-answer task; margin 5 pts)",
-                    f"{r.columns[long]}: Ouro {pct(r.score('ouro', long))}, MELT (main run) "
-                    f"{pct(r.score(r.main_model, long))}; gap Ouro - MELT {ci}", verdict))
+        ql = lambda model: r.cell(model, long)  # noqa: E731
+        c = near(ql(r.main_model), ql("ouro"), 5.0, ql("ouro"), family=family)
+        claim("MELT stays near Ouro on long answers (ours: the long-answer task; margin 5 pts)",
+              lambda c=c: f"{r.columns[long]}: Ouro {pct(r.score('ouro', long))}, MELT (main run) "
+                          f"{pct(r.score(r.main_model, long))}; gap Ouro - MELT {ci_of(c)}", lambda c=c: verdict_of(c))
     cache_col = long or col  # cache policies (sharing, the window) are judged on long answers where there are any
-    qs = lambda model: r.per_question(model, cache_col)  # noqa: E731
-    parts = {v: beats(qs("ouro"), qs(r.sharing_model(v)), qs("ouro"), spread=r.spread(cache_col))
+    qs = lambda model: r.cell(model, cache_col)  # noqa: E731
+    parts = {v: beats(qs("ouro"), qs(r.sharing_model(v)), qs("ouro"), family=family)
              for v in r.config["baselines"]["sharing"]}
-    out.append(("Untrained KV sharing loses accuracy against Ouro (Table 5: 0.0 for all four variants)"
-                + (" (judged on long answers)" if long else ""),
-                f"{r.columns[cache_col]}: " + "; ".join(
-                    f"{k} {pct(r.score(r.sharing_model(k), cache_col))}, Ouro - {k}: {ci}"
-                    for k, (_, ci) in parts.items())
-                + (f" (short answers, {r.columns[col]}: "
-                   + ", ".join(f"{k} {pct(r.score(r.sharing_model(k), col))}" for k in parts) + ")" if long else ""),
-                all_of([v for v, _ in parts.values()])))
+    claim("Untrained KV sharing loses accuracy against Ouro (Table 5: 0.0 for all four variants)"
+          + (" (judged on long answers)" if long else ""),
+          lambda parts=parts: f"{r.columns[cache_col]}: " + "; ".join(
+              f"{k} {pct(r.score(r.sharing_model(k), cache_col))}, Ouro - {k}: {ci_of(c)}" for k, c in parts.items())
+          + (f" (short answers, {r.columns[col]}: "
+             + ", ".join(f"{k} {pct(r.score(r.sharing_model(k), col))}" for k in parts) + ")" if long else ""),
+          lambda parts=parts: all_of([verdict_of(c) for c in parts.values()]))
     recipe = r.config["ablations"]["gate_recipe"]
     # v2 (Table 3): element-wise beats every other gate; v3 reports averages where `last` nearly ties
     # (63.3 vs 64.2), so v3's claim is only that it beats the mean of loops (55.6)
     others = [g for g in r.config["ablations"]["gates"] if g != "elementwise" and (r.version == "v2" or g == "mean")]
-    parts = {g: beats(q(r.run_model("elementwise", recipe)), q(r.run_model(g, recipe)), ouro, spread=r.spread(col))
+    parts = {g: beats(q(r.run_model("elementwise", recipe)), q(r.run_model(g, recipe)), ouro, family=family)
              for g in others}
-    scores = ", ".join(f"{g} {pct(r.score(r.run_model(g, recipe), col))}" for g in r.config["ablations"]["gates"])
-    claim = ("The element-wise gate beats mean, EMA, last and scalar (v2 Table 3)" if r.version == "v2" else
-             "The element-wise gate beats the mean of loops (v3: average 64.2 vs 55.6; last nearly ties, 63.3)")
-    out.append((claim,
-                f"{scores}; element-wise minus " + "; ".join(f"{g}: {ci}" for g, (_, ci) in parts.items()),
-                all_of([v for v, _ in parts.values()])))
+    scores = ", ".join(f"{g} {pct(r.score(r.run_model(g, recipe), col))}{escaped(r.run_model(g, recipe))}"
+                       for g in r.config["ablations"]["gates"])
+    claim("The element-wise gate beats mean, EMA, last and scalar (v2 Table 3)" if r.version == "v2" else
+          "The element-wise gate beats the mean of loops (v3: average 64.2 vs 55.6; last nearly ties, 63.3)",
+          lambda parts=parts, scores=scores: f"{scores}; element-wise minus "
+          + "; ".join(f"{g}: {ci_of(c)}" for g, c in parts.items()),
+          lambda parts=parts: all_of([verdict_of(c) for c in parts.values()]))
     gate, steps = r.config["main_run"]["gate"], r.config["ablations"]["recipes"]
-    parts = {(a, b): beats(q(r.run_model(gate, a)), q(r.run_model(gate, b)), ouro, spread=r.spread(col))
+    parts = {(a, b): beats(q(r.run_model(gate, a)), q(r.run_model(gate, b)), ouro, family=family)
              for a, b in zip(steps, steps[1:])}
-    out.append(("Each recipe component helps (Table 4, cumulative removal)",
-                "; ".join(f"{a} {pct(r.score(r.run_model(gate, a), col))} -> {b} "
-                          f"{pct(r.score(r.run_model(gate, b), col))}: {ci}" for (a, b), (_, ci) in parts.items()),
-                all_of([v for v, _ in parts.values()])))
+    claim("Each recipe component helps (Table 4, cumulative removal)",
+          lambda parts=parts: "; ".join(
+              f"{a} {pct(r.score(r.run_model(gate, a), col))}{escaped(r.run_model(gate, a))} -> {b} "
+              f"{pct(r.score(r.run_model(gate, b), col))}{escaped(r.run_model(gate, b))}: {ci_of(c)}"
+              for (a, b), c in parts.items()),
+          lambda parts=parts: all_of([verdict_of(c) for c in parts.values()]))
     if "no_chunking" in steps and "no_allloop_kd" in steps:
         # v2: fully parallel training collapses (0.0); v3: it ends below the untrained conversion
         # (AIME24 10.6 vs 14.2, MATH-500 55.0 vs 58.0), so v3's comparison is with melt-untrained
         base = "no_allloop_kd" if r.version == "v2" else "untrained"
         base_model = r.run_model(gate, base) if base != "untrained" else r.untrained
         before, after = q(base_model), q(r.run_model(gate, "no_chunking"))
-        verdict, ci = beats(before, after, ouro, spread=r.spread(col))
-        if before is not None and not np.any(before) and not verdict.startswith(NA):
-            verdict = f"{NA} (the model compared with already scores 0, so no drop can show)"
-        claim = ("Chunk-wise training is indispensable (v2: fully parallel training collapses to 0)"
-                 if r.version == "v2" else
-                 "Chunk-wise training is indispensable (v3: fully parallel training ends below the untrained "
-                 "conversion, AIME24 10.6 vs 14.2)")
-        out.append((claim, f"{base_model} {pct(r.score(base_model, col))} -> fully parallel "
-                           f"{pct(r.score(r.run_model(gate, 'no_chunking'), col))}; drop {ci}", verdict))
-    out += decode_speed_claim(r.speed, r.memory, r.config["speed_shape"])
-    out += train_speed_claim(r.train_throughput)
+        zero = before is not None and not np.any(before.scores)
+        c = beats(before, after, ouro, family=None if zero else family)
+
+        def chunking_verdict(c=c, zero=zero):
+            v = verdict_of(c)
+            return f"{NA} (the model compared with already scores 0, so no drop can show)" if zero and not \
+                v.startswith(NA) else v
+        text = ("Chunk-wise training is indispensable (v2: fully parallel training collapses to 0)"
+                if r.version == "v2" else
+                "Chunk-wise training is indispensable (v3: fully parallel training ends below the untrained "
+                "conversion, AIME24 10.6 vs 14.2)")
+        claim(text, lambda c=c, base_model=base_model: f"{base_model} {pct(r.score(base_model, col))}"
+              f"{escaped(base_model)} -> fully parallel {pct(r.score(r.run_model(gate, 'no_chunking'), col))}"
+              f"{escaped(r.run_model(gate, 'no_chunking'))}; drop {ci_of(c)}", chunking_verdict)
     for variant in r.main_variants("prefill-"):  # our choice of prefill (eval.compare_prefill)
         mode = ModelId.parse(variant).prefill
         chunked, exact = (variant, r.main_model) if mode != "exact" else (r.main_model, variant)
-        verdict, ci = near(q(chunked), q(exact), 5.0, q(exact), spread=r.spread(col))
-        out.append(("Ours, not the paper's: MELT prefilled in training-size chunks stays within 5 pts of exact "
-                    "token-by-token prefill (the paper config prefills in chunks)",
-                    f"{r.columns[col]}: chunked {pct(r.score(chunked, col))}, exact {pct(r.score(exact, col))}; "
-                    f"gap exact - chunked {ci}", verdict))
+        c = near(q(chunked), q(exact), 5.0, q(exact), family=family)
+        claim("Ours, not the paper's: MELT prefilled in training-size chunks stays within 5 pts of exact "
+              "token-by-token prefill (the paper config prefills in chunks)",
+              lambda c=c, chunked=chunked, exact=exact: f"{r.columns[col]}: chunked {pct(r.score(chunked, col))}, "
+              f"exact {pct(r.score(exact, col))}; gap exact - chunked {ci_of(c)}", lambda c=c: verdict_of(c))
     for variant in r.main_variants("window-"):  # v3's window on the v2-trained main run, at inference
-        verdict, ci = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"), spread=r.spread(cache_col))
+        c = near(qs(variant), qs(r.main_model), 5.0, qs("ouro"), family=family)
         w = ModelId.parse(variant).window
-        out.append((f"Ours, not the paper's: v3's sliding window (W = {w}), applied at inference to the main run "
-                    "trained without one, stays within 5 pts of it",
-                    f"{r.columns[cache_col]}: window {pct(r.score(variant, cache_col))}, "
-                    f"none {pct(r.score(r.main_model, cache_col))}; gap {ci}", verdict))
+        claim(f"Ours, not the paper's: v3's sliding window (W = {w}), applied at inference to the main run "
+              "trained without one, stays within 5 pts of it",
+              lambda c=c, variant=variant: f"{r.columns[cache_col]}: window {pct(r.score(variant, cache_col))}, "
+              f"none {pct(r.score(r.main_model, cache_col))}; gap {ci_of(c)}", lambda c=c: verdict_of(c))
+    family.correct()  # Holm over every comparison above; each then reads its own corrected level
+    r.family = family
+    for i, evidence, verdict in late:
+        out[i] = (out[i][0], evidence(), verdict())
+    out += decode_speed_claim(r.speed, r.memory, r.config["speed_shape"])
+    out += train_speed_claim(r.train_throughput)
     out += early_exit_claims(r)
     out.append(("Benchmark numbers at 1.6B scale (AIME, MATH-500, GPQA, ...)",
                 "the embedded default trains a tiny model on a synthetic task; the paper config runs the real suite",
                 NA if "embedded" in r.config["name"] or "smoke" in r.config["name"] else "see Table 1"))
+    return out
+
+
+def escape_lines(r: Results) -> list[str]:
+    """The escape table: each trained run's seeds, how many left the plateau (exact 95% interval of
+    the rate), and each column's mean over the seeds that escaped and over those that did not."""
+    rows = escape_rows(r)
+    if not rows:
+        return []
+    cols = list(r.columns)
+    out = ["", f"## Escape from the plateau (KD, mean of the last {r.config['report'].get('escape_last', 10)} "
+           f"steps, below {r.escape_kd})", "",
+           "| run | escaped | rate, exact 95% CI | final KD (seeds) | "
+           + " | ".join(f"{c}: escaped / stuck" for c in cols) + " |", "|---|---|---|---|" + "---|" * len(cols)]
+    for row in rows:
+        means = [" / ".join("-" if row.get(f"{c} {m}") is None else f"{row[f'{c} {m}']:.1f}"
+                            for m in ("escaped", "stuck")) for c in cols]
+        out.append(f"| {row['run']} | {row['escaped']} | [{row['rate CI low']:.0f}%, {row['rate CI high']:.0f}%] | "
+                   f"{row['final KD (seeds)']} | " + " | ".join(means) + " |")
     return out
 
 
@@ -244,12 +285,16 @@ if "snakemake" in globals():  # run by the rule (tests import the functions abov
         lines = [f"# Paper claims checked against our runs ({sm.params.settings['name']})", "",
                  f"Claims and paper numbers of the paper's {results.version} (config `paper_version`). {results.note}",
                  "",
-                 f"Accuracies are means over the training seeds {results.seeds}; every interval is a 95% "
-                 "interval (unless a claim names another level) over seeds and questions: the seeds' spread "
-                 "pooled over the column's models and the questions', Student's t (seeds and questions paired "
-                 "between the models compared; workflow/scripts/verdicts.py).",
+                 f"Accuracies are means over the training seeds {results.seeds}. Each accuracy comparison's "
+                 "interval is at the level Holm's correction gives it within this report's family of "
+                 f"{sum(not c.na for c in results.family.members)} comparisons (family-wise 95%; a real "
+                 "early-exit claim is corrected for its own rules). A trained run's cell is a mixture of the "
+                 "seeds that escaped their plateau and those that did not (escape rate exact, each mode "
+                 "Student's t with Satterthwaite degrees of freedom); views of the same weights are compared "
+                 "seed by seed; workflow/scripts/verdicts.py, docs/PREREGISTRATION.md.",
                  "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
         lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
+        lines += escape_lines(results)
         Path(sm.output[0]).write_text("\n".join(lines) + "\n")
         for path in list(sm.input.tables) + list(sm.input.figures) + [sm.output[0]]:
             log.log_artifact(path)

@@ -187,7 +187,8 @@ def SEEDS_NOTE(r: Results) -> str:  # noqa: N802 (reads as the constant sentence
     n = len(r.seeds)
     per_seed = r.config.get("per_seed_teacher")
     return ("Ours: the mean over training seeds " + ", ".join(map(str, r.seeds)) + " with a 95% interval "
-            "[low, high] over seeds and questions (the seeds' spread pooled over the column, Student's t; "
+            "[low, high] over seeds and questions (a trained run's cell a mixture of its seeds that escaped their "
+            "plateau and those that did not, the rate exact; otherwise Student's t, Satterthwaite; "
             + ("each seed with its own teacher, so the seeds are reruns of everything trained)." if per_seed else
                "one teacher for every seed: its own variation is not covered, and the teacher and sharing "
                "baselines' intervals are over questions only).") if n > 1 else

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from model_id import ModelId
-from verdicts import Spread, interval, pooled_spread
+from model_id import ModelId, parse_run
+from verdicts import Cell, clopper_pearson, interval
 
 
 class Estimate:
@@ -56,7 +56,8 @@ class Results:
         self.seeds = config["seeds"]
         self._scores: dict[tuple[str, str, str], list[float] | None] = {}  # per-question scores by eval
         self._read: dict[tuple[str, str], list[dict] | None] = {}  # each eval's details, read once
-        self._spreads: dict[str, Spread | None] = {}
+        self.escape_kd = config["report"].get("escape_kd")
+        self.escaped = escapes(self.curves, self.escape_kd, config["report"].get("escape_last", 10))
         self.long_column = config["report"]["long_column"]  # a column whose answers are long
         main = config["main_run"]
         self.main_model = self.run_model(main["gate"], main["recipe"])
@@ -84,21 +85,31 @@ class Results:
         return [float(v) for v in hit.sort_values("seed").value]
 
     def estimate(self, model: str, paper_column: str) -> Estimate | None:
-        """The score with its 95% interval over seeds and questions (verdicts.interval)."""
+        """The score with its 95% interval (verdicts.cell_interval)."""
+        cell = self.cell(model, paper_column)
+        return None if cell is None else Estimate(*interval(cell))
+
+    def cell(self, model: str, paper_column: str) -> Cell | None:
+        """A model's per-question scores in a column with what the verdicts need beside them: each
+        seed's escape (trained runs, where ``report.escape_kd`` is set) and which weights it
+        evaluates (a trained run's checkpoint; every untrained model is its seed's teacher)."""
         scores = self.per_question(model, paper_column)
         if scores is None:
             return None
-        return Estimate(*interval(scores, spread=self.spread(paper_column)))
+        mid = ModelId.parse(model)
+        if mid.kind != "trained":
+            return Cell(scores, None, "dense" if mid.kind == "dense" else "teacher")
+        flags = self.escape_flags(model)
+        return Cell(scores, flags if flags and len(flags) == len(scores) else None, str(mid.checkpoint_id))
 
-    def spread(self, paper_column: str) -> Spread | None:
-        """How far a rerun moves a score in this column, pooled over every model evaluated in it
-        (verdicts.pooled_spread); None with one seed."""
-        if paper_column not in self._spreads:
-            hit = self._rows(None, paper_column)
-            models = sorted(hit.model.unique()) if hit is not None else []
-            self._spreads[paper_column] = pooled_spread(
-                x for x in (self.per_question(m, paper_column) for m in models) if x is not None)
-        return self._spreads[paper_column]
+    def escape_flags(self, model: str) -> tuple[bool, ...] | None:
+        """Per training seed (in seed order) whether the run a trained model evaluates escaped its
+        plateau; None where no escape is modelled or the curves lack the run."""
+        if self.escape_kd is None:
+            return None
+        run = ModelId.parse(model).run
+        rows = [self.escaped[k] for k in sorted(k for k in self.escaped if k[0] == run)]
+        return tuple(bool(flag) for flag, _ in rows) or None
 
     def per_question(self, model: str, paper_column: str):
         """Per-question scores (percent) behind a paper column: each question's own value of the
@@ -109,7 +120,7 @@ class Results:
         if hit is None or not len(hit):
             return None
         task, metric = self.columns[paper_column].split("/")
-        rows = [self._question_scores(model_id, task, metric) for model_id in sorted(hit.model_id.unique())]
+        rows = [self._question_scores(model_id, task, metric) for model_id in by_seed(hit.model_id.unique())]
         return None if any(r is None for r in rows) else np.asarray(rows)
 
     def _question_scores(self, model_id: str, task: str, metric: str) -> list[float] | None:
@@ -138,7 +149,7 @@ class Results:
             return None
         task = self.columns[paper_column].split("/")[0]
         rows = []
-        for model_id in sorted(hit.model_id.unique()):
+        for model_id in by_seed(hit.model_id.unique()):
             details = self._details(model_id, task)
             if details is None:
                 return None
@@ -182,6 +193,51 @@ class Results:
 
     def sharing_models(self) -> list[str]:
         return [self.sharing_model(v) for v in self.config["baselines"]["sharing"]]
+
+
+def by_seed(model_ids) -> list[str]:
+    """Model ids in training-seed order (seed 10 after seed 9, as the escape flags and per_seed)."""
+    def key(m):
+        try:
+            seed = ModelId.parse(m).seed
+        except ValueError:  # an id outside the grammar (a hand-made fixture): by name
+            seed = None
+        return (seed is not None, seed or 0, m)
+    return sorted(model_ids, key=key)
+
+
+def escapes(curves: pd.DataFrame, threshold: float | None, last: int) -> dict[tuple[str, int], tuple[bool, float]]:
+    """{(run, seed): (escaped, final KD)}: a run escaped when its KD loss, the mean of its last ``last``
+    logged steps, is below ``threshold``; {} when no threshold is set or no curve was logged."""
+    if threshold is None or not len(curves) or "kd" not in curves:
+        return {}
+    out = {}
+    for (run, seed), g in curves.groupby(["run", "seed"], sort=True):
+        kd = float(g.sort_values("step").kd.tail(last).mean())
+        out[(str(run), int(seed))] = (kd < threshold, kd)
+    return out
+
+
+def escape_rows(r: Results) -> list[dict]:
+    """Per trained run: its seeds' final KD and escape, k of n with the exact 95% interval of the
+    escape rate, and each column's mean over the seeds that escaped and over those that did not."""
+    rows = []
+    for run in sorted({run for run, _ in r.escaped}):
+        seeds = sorted((seed, *r.escaped[(run, seed)]) for rr, seed in r.escaped if rr == run)
+        k, n = sum(e for _, e, _ in seeds), len(seeds)
+        lo, hi = clopper_pearson(k, n, 0.95)
+        row = {"run": run, "escaped": f"{k} of {n}", "rate CI low": 100 * lo, "rate CI high": 100 * hi,
+               "final KD (seeds)": ", ".join(f"{kd:.2f}" for _, _, kd in seeds)}
+        model = str(ModelId.trained(*parse_run(run)))
+        for col in r.columns:
+            x = r.per_question(model, col)
+            if x is None or len(x) != n:
+                continue
+            flags = np.array([e for _, e, _ in seeds], dtype=bool)
+            row[f"{col} escaped"] = float(x[flags].mean()) if flags.any() else None
+            row[f"{col} stuck"] = float(x[~flags].mean()) if (~flags).any() else None
+        rows.append(row)
+    return rows
 
 
 def diff(ours, paper):

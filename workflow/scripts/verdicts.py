@@ -1,19 +1,43 @@
-"""Verdicts on accuracy claims that can fail and can abstain.
+"""Verdicts on accuracy claims that can fail and can abstain, on intervals shaped like the data.
 
-Each comparison uses per-question scores (percent; a question's score is the mean over its
-samples) of two models on the same questions, one row per replicate (a training seed: with
-``source.pretrain.per_seed`` each seed pretrains its own teacher too, so a row is an independent
-rerun of everything trained), and a 95% interval for their difference with two parts: how far the
-replicates' means spread (a rerun's variation: paired between the models where both have the same
-replicates, each model's own where one has a single row, e.g. a downloaded teacher), and how far
-the questions' spread moves the mean (question sampling). Both are added as variances and the
-interval is Student's t at the fewest degrees of freedom of the two. The replicates' spread is the
-cell's own (replicates - 1 degrees of freedom: t = 12.7 with two) or, where the report passes a
-column's ``Spread``, the larger of the cell's own and the column's pooled model (as many degrees of
-freedom as the column's cells give). A claim
+A **cell** is one model's per-question scores in one column (percent; a question's score is the
+mean over its samples), one row per replicate (a training seed: with ``source.pretrain.per_seed``
+each seed pretrains its own teacher, so a row is a rerun of everything trained). At the embedded
+default's size a student's training is two-valued: it escapes its first plateau (KD ~2.4, the
+loss of the task's marginal distribution) or it stays there, and its scores follow. So a trained
+student's cell carries, per replicate, whether that run escaped (read off its KD loss by the
+report: ``report.escape_kd``) and its interval is a **mixture**'s:
 
-* **holds** when the whole interval lies on the claimed side (for "stays near": inside the margin);
-* **does not hold** when the whole interval lies on the other side;
+* the escape rate pi, k of n replicates: exact (Clopper-Pearson) at level 1 - alpha/2;
+* each mode's mean (the escaped replicates', the stuck ones'): Student's t over that mode's
+  replicates and the questions, its degrees of freedom Welch-Satterthwaite's from the two variance
+  parts (replicates: m - 1; questions: Q - 1) capped at the fewer of the two (uncapped, two
+  replicates covered 86% where 95% was promised), each mode at level 1 - alpha/4; a mode seen in fewer
+  than two replicates is only known to lie in [0, 100];
+* the cell's mean pi * mean_escaped + (1 - pi) * mean_stuck, bounded over those ranges (Bonferroni:
+  the three parts miss together at most alpha).
+
+Two seeds that both escaped therefore cannot rule out that most seeds stay stuck: the interval's
+low end is pi's exact bound (2 of 2: pi >= 11%) times the escaped mode's. A cell without escape
+flags (the teacher, its sharing baselines and the untrained conversion: nothing was trained, and
+``escape_kd: null``, the paper config) is one mode. Where every score of a one-mode cell is 0 (or
+100) the t interval has no width; its interval is the questions' exact one instead (0 of Q).
+
+**Comparisons.** Two cells with the same replicates that are views of the same weights (the same
+``weights`` key: the main run and its prefill or window variants) or are both one-mode cells (the
+teacher, its sharing caches, the untrained conversion: row i of each is seed i's teacher) are
+compared replicate by replicate and question by question: a t interval for the paired
+difference, Satterthwaite degrees of freedom. Cells of separately trained weights are compared
+through their own intervals, each at level 1 - alpha/2: [lo_a - hi_b, hi_a - lo_b].
+
+Each comparison has a **p-value**: the smallest alpha at which its interval leaves the claim's
+threshold (0 for "beats", the margin for "stays near"), found by bisection. A family of
+comparisons (every accuracy claim's parts in one report) is corrected with **Holm**'s step-down:
+the i-th smallest p-value is judged at alpha / (m - i + 1) until one is not decided. A claim
+
+* **holds** when its interval, at its corrected level, lies on the claimed side (for "stays
+  near": inside the margin);
+* **does not hold** when it lies on the other side;
 * is **inconclusive** otherwise (ties and overlaps included), with the interval shown;
 * is **not measurable** when data are missing or the reference model (the Ouro teacher) scores
   below the floor: if the teacher cannot do the task, nothing about its student can be judged.
@@ -23,146 +47,252 @@ So a run where every model scores 0 judges nothing, and a tie never counts as a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
 
 HOLDS, FAILS, INCONCLUSIVE, NA = "holds", "does not hold", "inconclusive", "not measurable"
-FLOOR = 50.0  # percent the reference model must reach before its students can be judged
+FLOOR = 50.0   # percent the reference model must reach before its students can be judged
+ALPHA = 0.05   # family-wise error rate of one report's accuracy claims
+BOUNDS = (0.0, 100.0)
+CAP_DOF = True  # t's degrees of freedom: Satterthwaite's, at most the fewest of any variance part
 
 
 @dataclass(frozen=True)
-class Spread:
-    """How far a rerun moves a score, pooled over the cells of one table column: the variance of one
-    replicate's score is ``k * p (1 - p)`` (percent squared; ``p`` the cell's mean as a fraction, the
-    shape of an outcome that lands near 0 or near 100), ``k`` fitted to every cell's observed spread
-    between its replicates, with ``dof`` degrees of freedom (the cells' replicates - 1, summed). Two
-    replicates give a cell's own spread one degree of freedom (t = 12.7); the column's cells together
-    give many, at the price of assuming they share ``k``. A cell's own spread still counts where it is
-    larger (max of the two)."""
+class Cell:
+    """One model's scores in one column: ``scores`` (replicates, questions) in percent;
+    ``escaped``: per replicate, whether its training left the plateau (None: not a trained student,
+    or the config models no escape); ``weights``: which weights the cell evaluates (cells with the
+    same key are views of one set of weights and are compared replicate by replicate)."""
 
-    k: float
-    dof: int
+    scores: np.ndarray
+    escaped: tuple[bool, ...] | None = None
+    weights: str = ""
 
-    def variance(self, mean: float) -> float:
-        """One replicate's variance (percent squared) at a cell mean of ``mean`` percent."""
-        return self.k * _two_valued(mean)
+    def __post_init__(self):
+        x = np.atleast_2d(np.asarray(self.scores, dtype=float))
+        if x.ndim != 2 or x.size == 0:
+            raise ValueError(f"a cell needs (replicates, questions) scores, got shape {x.shape}")
+        if self.escaped is not None and len(self.escaped) != len(x):
+            raise ValueError(f"a cell of {len(x)} replicates got {len(self.escaped)} escape flags")
+        object.__setattr__(self, "scores", x)
 
+    @property
+    def mean(self) -> float:
+        return float(self.scores.mean())
 
-def _two_valued(mean: float) -> float:
-    """p (1 - p) in percent squared at a mean of ``mean`` percent: the variance shape of Spread."""
-    p = min(max(mean / 100.0, 0.0), 1.0)
-    return p * (1 - p) * 1e4
-
-
-def pooled_spread(cells) -> Spread | None:
-    """A column's Spread from its cells, each (replicates, questions) per-question scores of one
-    model; cells with one replicate, or at 0 or 100 (no spread possible under the model), add
-    nothing. None when no cell has two replicates."""
-    squares = expected = 0.0
-    dof = 0
-    for x in cells:
-        x = np.atleast_2d(np.asarray(x, dtype=float))
-        if len(x) < 2:
-            continue
-        shape = _two_valued(float(x.mean()))
-        if shape == 0:
-            continue
-        squares += np.var(x.mean(1), ddof=1) * (len(x) - 1)
-        expected += shape * (len(x) - 1)
-        dof += len(x) - 1
-    return Spread(squares / expected, dof) if dof else None
+    @property
+    def escapes(self) -> tuple[int, int] | None:
+        """(k, n): how many of the replicates escaped, or None for a one-mode cell."""
+        return None if self.escaped is None else (int(sum(self.escaped)), len(self.escaped))
 
 
-def _t_interval(mean: float, parts: list[tuple[float, int]], level: float, bounds: tuple[float, float]):
-    """``mean`` +- t * sqrt(sum of the variances); ``parts``: (variance of the mean, degrees of
-    freedom) each. The t quantile takes the fewest degrees of freedom of any part that has a
-    variance: with two replicates and no pooled Spread, t(1) = 12.7 whatever the questions say.
-    (Welch-Satterthwaite degrees of freedom would be larger where two replicates happen to agree, and
-    covered the truth in only 87% of simulated two-replicate runs: tests/test_verdicts.py.) Clipped to
-    ``bounds`` (a score cannot leave [0, 100])."""
+def as_cell(x) -> Cell:
+    return x if isinstance(x, Cell) else Cell(np.asarray(x, dtype=float))
+
+
+def clopper_pearson(k: int, n: int, level: float) -> tuple[float, float]:
+    """The exact two-sided interval for a binomial rate, k successes of n."""
+    a = 1 - level
+    lo = 0.0 if k == 0 else float(stats.beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
+
+
+def satterthwaite(parts: list[tuple[float, int]]) -> float:
+    """Welch-Satterthwaite's degrees of freedom of a sum of variance parts."""
+    return sum(v for v, _ in parts) ** 2 / sum(v * v / df for v, df in parts)
+
+
+def _t_half(parts: list[tuple[float, int]], level: float) -> float:
+    """Half-width of a t interval from variance parts (variance of the mean, degrees of freedom); 0
+    when no part has a variance. Degrees of freedom: Satterthwaite's, capped at the fewest of any part
+    with a variance (CAP_DOF; Satterthwaite's alone covered 86% at two replicates, 93% at three:
+    tests/test_verdicts.py)."""
     parts = [(v, df) for v, df in parts if v > 0 and df > 0]
     total = sum(v for v, _ in parts)
     if total == 0:
-        return mean, mean, mean
-    half = float(stats.t.ppf(0.5 + level / 2, min(df for _, df in parts))) * total ** 0.5
-    return mean, max(bounds[0], mean - half), min(bounds[1], mean + half)
+        return 0.0
+    dof = min(satterthwaite(parts), min(df for _, df in parts)) if CAP_DOF else satterthwaite(parts)
+    return float(stats.t.ppf(0.5 + level / 2, dof)) * total ** 0.5
 
 
-def paired_interval(a, b, level: float = 0.95, bounds=(-100.0, 100.0),
-                    spread: Spread | None = None) -> tuple[float, float, float]:
-    """Mean of ``a - b`` and its interval. ``a``, ``b``: per-question scores (percent), (questions,)
-    or (replicates, questions). Replicates are paired where both have the same number (row i of
-    each is the same seed, so the same teacher and data order), or compared with a single row (which
-    then counts as fixed: one downloaded teacher). ``spread``: the column's pooled Spread; without
-    it, the replicates' own spread at their own degrees of freedom."""
-    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or a.size == 0 or b.size == 0:
-        raise ValueError(f"paired scores need the same non-empty questions, got {a.shape} and {b.shape}")
-    n = a.shape[1]
-    replicated = [x for x in (a, b) if len(x) > 1]  # the sides whose rows are draws of a rerun
-    if a.shape[0] == b.shape[0] or 1 in (a.shape[0], b.shape[0]):
-        sides = [(a - b, replicated)]  # paired, or one side a single row: the other side's spread alone
-    else:
-        sides = [(a, [a]), (b, [b])]   # unpaired replicates: each side's spread
-    parts = []
-    for x, draws in sides:
-        if len(x) < 2:
-            continue
-        observed = np.var(x.mean(1), ddof=1)
-        if spread is None:
-            parts.append((observed / len(x), len(x) - 1))
-        else:
-            model = sum(spread.variance(float(d.mean())) for d in draws)
-            parts.append((max(observed, model) / len(x), spread.dof))
-    per_question = a.mean(0) - b.mean(0)
-    if n > 1:
-        parts.append((np.var(per_question, ddof=1) / n, n - 1))
-    return _t_interval(float(a.mean() - b.mean()), parts, level, bounds)
+def _parts(x: np.ndarray) -> list[tuple[float, int]]:
+    """The two variance parts of the mean of x (replicates, questions): how far the replicates'
+    means spread, and how far the questions' (their mean over the replicates) do."""
+    m, q = x.shape
+    parts = [(float(np.var(x.mean(1), ddof=1)) / m, m - 1)] if m > 1 else []
+    if q > 1:
+        parts.append((float(np.var(x.mean(0), ddof=1)) / q, q - 1))
+    return parts
 
 
-def interval(a, level: float = 0.95, spread: Spread | None = None) -> tuple[float, float, float]:
-    """One model's mean score with its interval over replicates and questions, within [0, 100]."""
-    a = np.atleast_2d(np.asarray(a, dtype=float))
-    return paired_interval(a, np.zeros((1, a.shape[1])), level, bounds=(0.0, 100.0), spread=spread)
+def _mode_interval(x: np.ndarray, level: float) -> tuple[float, float]:
+    """One mode's mean: t over its replicates and questions; at 0 or 100 throughout, the questions'
+    exact interval (0 or Q of Q)."""
+    mean, q = float(x.mean()), x.shape[1]
+    if mean in BOUNDS and np.all(x == mean):
+        lo, hi = clopper_pearson(int(round(mean / 100 * q)), q, level)
+        return 100 * lo, 100 * hi
+    half = _t_half(_parts(x), level)
+    return max(BOUNDS[0], mean - half), min(BOUNDS[1], mean + half)
+
+
+def cell_interval(cell, level: float = 1 - ALPHA) -> tuple[float, float, float]:
+    """A cell's mean and its interval (the module's docstring: one mode, or the escape mixture)."""
+    cell = as_cell(cell)
+    x = cell.scores
+    if cell.escaped is None:
+        return (cell.mean, *_mode_interval(x, level))
+    a = 1 - level
+    k, n = cell.escapes
+    pi_lo, pi_hi = clopper_pearson(k, n, 1 - a / 2)
+    flags = np.asarray(cell.escaped, dtype=bool)
+    modes = [_mode_interval(x[f], 1 - a / 4) if f.sum() > 1 else BOUNDS for f in (flags, ~flags)]
+    (e_lo, e_hi), (s_lo, s_hi) = modes
+    lo = min(p * e_lo + (1 - p) * s_lo for p in (pi_lo, pi_hi))
+    hi = max(p * e_hi + (1 - p) * s_hi for p in (pi_lo, pi_hi))
+    return cell.mean, max(BOUNDS[0], lo), min(BOUNDS[1], hi)
+
+
+def interval(a, level: float = 1 - ALPHA) -> tuple[float, float, float]:
+    """One model's mean score with its interval, within [0, 100] (a table's cell)."""
+    return cell_interval(a, level)
+
+
+def paired(a: Cell, b: Cell) -> bool:
+    """Whether a and b are compared replicate by replicate: the same replicates, and either views of
+    the same weights or both one-mode cells (nothing trained: row i of each is seed i's teacher)."""
+    if a.scores.shape[0] != b.scores.shape[0]:
+        return False
+    return (a.escaped is None and b.escaped is None) or (bool(a.weights) and a.weights == b.weights)
+
+
+def difference_interval(a, b, level: float = 1 - ALPHA) -> tuple[float, float, float]:
+    """Mean of a - b and its interval (the module's docstring: paired, or through each cell's own)."""
+    a, b = as_cell(a), as_cell(b)
+    if a.scores.shape[1] != b.scores.shape[1]:
+        raise ValueError(f"compared scores need the same questions, got {a.scores.shape} and {b.scores.shape}")
+    mean = a.mean - b.mean
+    if paired(a, b):
+        half = _t_half(_parts(a.scores - b.scores), level)
+        return mean, max(-100.0, mean - half), min(100.0, mean + half)
+    _, a_lo, a_hi = cell_interval(a, 1 - (1 - level) / 2)
+    _, b_lo, b_hi = cell_interval(b, 1 - (1 - level) / 2)
+    return mean, a_lo - b_hi, a_hi - b_lo
+
+
+def fmt(mean: float, lo: float, hi: float, level: float = 1 - ALPHA) -> str:
+    return f"{mean:+.1f} pts [{100 * level:.4g}% CI {lo:+.1f}, {hi:+.1f}]"
+
+
+@dataclass
+class Comparison:
+    """One hypothesis: ``a - b`` against ``threshold`` (0: a beats b; a margin: b - a stays within
+    it, with a and b given as the gap's sides). ``level`` is set by the family's correction."""
+
+    a: Cell
+    b: Cell
+    threshold: float
+    kind: str                       # "beats" (a > b) | "near" (a - b <= threshold)
+    na: str | None = None           # not measurable, and why
+    level: float = 1 - ALPHA
+
+    def interval(self, level: float | None = None) -> tuple[float, float, float]:
+        return difference_interval(self.a, self.b, self.level if level is None else level)
+
+    @property
+    def p(self) -> float:
+        """The smallest alpha at which the interval leaves the threshold (1 if none does)."""
+        if self.na:
+            return 1.0
+
+        def leaves(alpha: float) -> bool:
+            _, lo, hi = self.interval(1 - alpha)
+            return lo > self.threshold or hi < self.threshold or (self.kind == "near" and hi == self.threshold)
+
+        if not leaves(1 - 1e-9):
+            return 1.0
+        lo_a, hi_a = 1e-12, 1 - 1e-9
+        if leaves(lo_a):
+            return lo_a
+        for _ in range(50):
+            mid = (lo_a + hi_a) / 2
+            lo_a, hi_a = (lo_a, mid) if leaves(mid) else (mid, hi_a)
+        return hi_a
+
+    @property
+    def ci(self) -> str:
+        return fmt(*self.interval(), self.level)
+
+    @property
+    def verdict(self) -> str:
+        if self.na:
+            return self.na
+        _, lo, hi = self.interval()
+        if self.kind == "beats":
+            return HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE
+        return HOLDS if hi <= self.threshold else FAILS if lo > self.threshold else INCONCLUSIVE
+
+
+@dataclass
+class Family:
+    """Every accuracy comparison of one report, corrected together (Holm) by ``correct``."""
+
+    alpha: float = ALPHA
+    members: list[Comparison] = field(default_factory=list)
+
+    def add(self, c: Comparison) -> Comparison:
+        self.members.append(c)
+        return c
+
+    def correct(self) -> None:
+        """Holm's step-down: the i-th smallest p-value (of m) is judged at alpha / (m - i + 1); from
+        the first that is not decided there on, every later one at that same level, so none is
+        decided (a step-down stops at its first retained hypothesis)."""
+        live = sorted((c for c in self.members if not c.na), key=lambda c: c.p)
+        m, stopped = len(live), None
+        for i, c in enumerate(live):
+            alpha = self.alpha / (m - i)
+            if stopped is None and c.p > alpha:
+                stopped = alpha
+            c.level = 1 - (stopped if stopped is not None else alpha)
 
 
 def _gate(reference, floor: float) -> str | None:
     """NA with the reason, or None when the comparison can be judged."""
     if reference is None:
         return f"{NA} (no reference scores)"
-    if float(np.mean(reference)) < floor:  # the mean over its seeds and questions
-        return f"{NA} (the reference scores {np.mean(reference):.1f}% < {floor:.0f}%: it cannot do the task here)"
+    mean = as_cell(reference).mean  # the mean over its seeds and questions
+    if mean < floor:
+        return f"{NA} (the reference scores {mean:.1f}% < {floor:.0f}%: it cannot do the task here)"
     return None
 
 
-def fmt(mean: float, lo: float, hi: float, level: float = 0.95) -> str:
-    return f"{mean:+.1f} pts [{100 * level:.4g}% CI {lo:+.1f}, {hi:+.1f}]"
-
-
-def beats(a, b, reference, floor: float = FLOOR, spread: Spread | None = None) -> tuple[str, str]:
-    """Claim: model a scores higher than model b. Returns (verdict, interval text)."""
+def beats(a, b, reference, floor: float = FLOOR, family: Family | None = None) -> Comparison | None:
+    """Claim: model a scores higher than model b. None when either is missing."""
     if a is None or b is None:
-        return f"{NA} (missing results)", ""
-    na = _gate(reference, floor)
-    mean, lo, hi = paired_interval(a, b, spread=spread)
-    if na:
-        return na, fmt(mean, lo, hi)
-    return (HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE), fmt(mean, lo, hi)
+        return None
+    c = Comparison(as_cell(a), as_cell(b), 0.0, "beats", _gate(reference, floor))
+    return family.add(c) if family is not None else c
 
 
-def near(a, b, margin: float, reference, floor: float = FLOOR, level: float = 0.95,
-         spread: Spread | None = None) -> tuple[str, str]:
-    """Claim: model a stays within ``margin`` points below model b (a >= b - margin), judged on a
-    ``level`` interval (raise it to correct for a claim chosen among several tries)."""
+def near(a, b, margin: float, reference, floor: float = FLOOR, family: Family | None = None,
+         level: float = 1 - ALPHA) -> Comparison | None:
+    """Claim: model a stays within ``margin`` points below model b (b - a <= margin)."""
     if a is None or b is None:
-        return f"{NA} (missing results)", ""
-    na = _gate(reference, floor)
-    mean, lo, hi = paired_interval(b, a, level, spread=spread)  # the gap b - a
-    if na:
-        return na, fmt(mean, lo, hi, level)
-    return (HOLDS if hi <= margin else FAILS if lo > margin else INCONCLUSIVE), fmt(mean, lo, hi, level)
+        return None
+    c = Comparison(as_cell(b), as_cell(a), margin, "near", _gate(reference, floor), level)
+    return family.add(c) if family is not None else c
+
+
+def verdict_of(c: Comparison | None) -> str:
+    return f"{NA} (missing results)" if c is None else c.verdict
+
+
+def ci_of(c: Comparison | None) -> str:
+    return "" if c is None else c.ci
 
 
 def all_of(verdicts: list[str]) -> str:
