@@ -54,6 +54,8 @@ TEACHER_LOSS = "tests/test_pretrain.py::test_the_loss_averages_the_loops_and_the
 VLLM = "tests/test_vllm.py"
 VERDICTS = "tests/test_verdicts.py"
 OWN_TEACHER = "tests/test_workflow.py::test_each_seed_reruns_everything_trained_from_its_own_teacher"
+PIPELINE = "tests/test_pipeline.py"
+PIPELINE_PY = "workflow/scripts/pipeline.py"
 ACC_CLAIMS = f"{CLAIMS}::test_accuracy_claims_hold_where_the_results_say_so_and_fail_where_they_say_the_opposite"
 
 BREAKS = [
@@ -693,9 +695,22 @@ BREAKS = [
           "teacher=lambda wc: teacher_dir(wc.seed),", "teacher=lambda wc: teacher_dir(SEEDS[0]),", (OWN_TEACHER,)),
     Break("r13 teacher: every seed converts seed 0's teacher", "workflow/rules/convert.smk",
           "lambda wc: teacher_dir(wc.seed),", "lambda wc: teacher_dir(SEEDS[0]),", (OWN_TEACHER,)),
-    Break("r13 teacher: one teacher path for every seed", "workflow/rules/common.smk",
-          'return f"{OUT}/checkpoints/seed{seed}/ouro" if PER_SEED_TEACHER else f"{OUT}/checkpoints/ouro"',
-          'return f"{OUT}/checkpoints/ouro"', (OWN_TEACHER,)),
+    Break("r13 teacher: one teacher path for every seed", PIPELINE_PY,
+          'return f"{self.out}/checkpoints/seed{seed}/ouro"', 'return f"{self.out}/checkpoints/ouro"',
+          (PIPELINE, OWN_TEACHER)),
+    # the workflow's vocabulary, out of common.smk into workflow/scripts/pipeline.py
+    Break("r16 pipeline: every phase starts from the converted model", PIPELINE_PY,
+          'return f"{self.phase_dir(gate, parent, seed)}/final" if parent.parts else self.init_dir(gate, seed)',
+          "return self.init_dir(gate, seed)", (PIPELINE,)),
+    Break("r16 pipeline: recipe switches dropped from the phase's folder", PIPELINE_PY,
+          'return f"{phase}{switches}"', "return phase", (PIPELINE,)),
+    Break("r16 pipeline: a variant evaluates the converted model", PIPELINE_PY,
+          'if m.kind == "untrained":', 'if m.kind == "untrained" or m.variant:', (PIPELINE,)),
+    Break("r16 pipeline: wildcard alternatives unescaped", PIPELINE_PY,
+          'return "|".join(re.escape(str(n)) for n in names)', 'return "|".join(str(n) for n in names)',
+          (PIPELINE,)),
+    Break("r16 pipeline: a missing task file let through", PIPELINE_PY,
+          "if spec.get(key) and not Path(spec[key]).exists():", "if False:", (PIPELINE,)),
 ]
 
 

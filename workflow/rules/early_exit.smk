@@ -11,7 +11,7 @@ rule early_exit:
     output:
         f"{OUT}/early_exit/{{model}}.json",
     wildcard_constraints:
-        model=_one_of(EXIT_MODELS),
+        model=one_of(EXIT_MODELS),
     params:
         **eval_params({config["early_exit"]["task"]: eval_task_settings(config["early_exit"]["task"])},
                       lambda wc: [wc.model]),

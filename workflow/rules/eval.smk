@@ -125,7 +125,7 @@ rule merge_eval:
     output:
         f"{OUT}/eval/{{model}}/{{task}}.json",
     wildcard_constraints:
-        task=_one_of(SHARDED_TASKS) if SHARDED_TASKS else "(?!)",
+        task=one_of(SHARDED_TASKS) if SHARDED_TASKS else "(?!)",
     params:
         mlflow=lambda wc: mlflow_spec("eval", task=wc.task, **model_tags(wc.model)),
     log:

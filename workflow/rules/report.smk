@@ -56,7 +56,7 @@ rule table:
         csv=report(f"{OUT}/tables/{{table}}.csv", caption="../report/table.rst", category="Tables",
                    labels={"table": "{table}"}),
     wildcard_constraints:
-        table=_one_of(TABLES),
+        table=one_of(TABLES),
     params:
         settings=report_settings(),
         mlflow=lambda wc: mlflow_spec("report", table=wc.table),
@@ -78,7 +78,7 @@ rule figure:
                    labels={"figure": "{figure}"}),
         pdf=f"{OUT}/figures/{{figure}}.pdf",
     wildcard_constraints:
-        figure=_one_of(FIGURES),
+        figure=one_of(FIGURES),
     params:
         settings=report_settings(),
         mlflow=lambda wc: mlflow_spec("report", figure=wc.figure),
@@ -164,9 +164,7 @@ rule plan:
         models={m: ModelId.parse(m).family for m in MODELS},  # whose shape each is costed at
         exit_models={m: ModelId.parse(m).family for m in EXIT_MODELS},
         native_models=sorted(m for m in MODELS if vllm_refusal_of(m)),  # under eval.engine vllm, what stays native
-        phase_jobs=[(f"seed{s}/{g}", p, config["phases"][last_phase(p)[0]]["steps"])
-                    for s in SEEDS
-                    for g, p in sorted({(g, p) for g, r in training_runs() for p in path_prefixes(recipe_path(r))})],
+        phase_jobs=PIPELINE.phase_jobs(),
         mlflow=mlflow_spec("report"),
     log:
         f"{OUT}/logs/plan.log",

@@ -83,7 +83,7 @@ rule download:
     output:
         directory(f"{OUT}/checkpoints/{{name}}"),
     wildcard_constraints:
-        name=_one_of(DOWNLOADS) if DOWNLOADS else "(?!)",
+        name=one_of(DOWNLOADS) if DOWNLOADS else "(?!)",
     params:
         source=lambda wc: DOWNLOADS[wc.name],
         mlflow=lambda wc: mlflow_spec("source", model=wc.name),

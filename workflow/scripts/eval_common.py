@@ -26,7 +26,7 @@ from melt_core.serving.inference import (
 def load_eval_model(sm, log, task_cfg: dict, model_id: str, member: dict, model=None, **spec_kw):
     """(ModelSpec, loaded model, device, run) for a model id; sharing-baseline ids run Ouro with that
     cache; the memory budget is resolved against the loaded weights. ``member``: the id's checkpoint,
-    prefill, window and MLflow tags (common.smk eval_member, in the rules' ``models`` param);
+    prefill, window and MLflow tags (pipeline.py eval_member, in the rules' ``models`` param);
     ``model``: the one an earlier task of the same job loaded for this id, reused."""
     cache_mode, keep_prompt = ModelId.parse(model_id).cache
     asked = ModelSpec(name=model_id, path=member["checkpoint"], prefill_chunk=member["prefill_chunk"],
