@@ -121,6 +121,18 @@ def test_separately_trained_students_with_two_seeds_decide_nothing():
         assert beats(a, b, TEACHER).verdict == expected, n
 
 
+def test_a_mode_of_one_seed_bounds_nothing():
+    """Seven seeds escaped, one stayed on the plateau: one draw says nothing of how far stuck seeds
+    spread, so the stuck mode is only known to lie in [0, 100] and the lone seed's score, 2% or 30%,
+    does not move the cell's bounds (taken as known, its questions' spread alone would narrow them)."""
+    escaped = [rate(0.9, 64)] * 7
+    cells = [Cell(escaped + [rate(p, 64)], (True,) * 7 + (False,)) for p in (0.02, 0.3)]
+    (_, lo_a, hi_a), (_, lo_b, hi_b) = (cell_interval(c) for c in cells)
+    assert (lo_a, hi_a) == pytest.approx((lo_b, hi_b))
+    pi_lo, pi_hi = clopper_pearson(7, 8, 0.975)
+    assert lo_a < pi_lo * 90 and hi_a > pi_hi * 90 + (1 - pi_hi) * 99
+
+
 @pytest.mark.parametrize("seeds", [2, 4, 8])
 def test_mixture_intervals_hold_the_truth_when_reruns_are_two_valued(seeds):
     """Simulated columns as the embedded default's training makes them: a seed escapes with
