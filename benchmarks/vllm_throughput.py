@@ -115,7 +115,9 @@ def table(rows: list[dict]) -> str:
     lines += [f"| {r['model']} | {r['engine']} | {r['tokens']} | {r['seconds']:.2f} | {r['tok_s']:.1f} | "
               f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f} |" for r in rows]
     lines += ["", *(f"vLLM {m}: {r['preemptions']} preemptions, {r['prefix_cache_hits']} prefix-cache hit tokens, KV "
-                    f"memory for {r['kv_sequences']} sequences of the longest length" for r in rows
+                    f"memory for {r['kv_sequences']} sequences of the longest length; {r['engine_steps']} engine "
+                    f"steps, {r['step_tokens'] / max(r['engine_steps'], 1):.1f} tokens a step, "
+                    f"{1000 * r['seconds'] / max(r['engine_steps'], 1):.1f} ms a step" for r in rows
                     if r["engine"] == "vLLM" for m in [r["model"]])]
     lines += ["", *(f"vLLM / native, {m}: {by[m, 'vLLM'] / by[m, 'native']:.2f}" for m in names)]
     if len(names) == 2:

@@ -6,7 +6,8 @@ original stdout, while everything vLLM prints goes to stderr, which the parent p
     {"op": "start", "engine": {...vllm.LLM keywords, from vllm_engine.engine_args...}}
     {"op": "generate", "prompts": [[ids], ...], "params": {...melt_core SamplingParams fields...},
      "logprobs": false, "max_new_tokens_each": null or [n, ...] (a budget per prompt, over the params')}
-     -> {"outputs": ..., "seconds": s, "counters": {preemptions, prefix_cache_queries, prefix_cache_hits}}
+     -> {"outputs": ..., "seconds": s, "counters": {preemptions, prefix_cache_queries, prefix_cache_hits,
+                                                     engine_steps, step_tokens}}
     {"op": "stop"}
 
 Each reply is {"ok": true, ...} or {"ok": false, "error": "<type>: <message>"}; the process ends on
@@ -54,9 +55,15 @@ COUNTERS = {"preemptions": "vllm:num_preemptions", "prefix_cache_queries": "vllm
             "prefix_cache_hits": "vllm:prefix_cache_hits"}  # vLLM's own counters, totals since the engine started
 
 
+STEPS = "vllm:iteration_tokens_total"  # a histogram: one observation per engine step, the step's tokens
+
+
 def counters(llm) -> dict[str, int]:
-    values = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
-    return {key: int(values.get(name, 0)) for key, name in COUNTERS.items()}
+    metrics = llm.get_metrics()
+    values = {m.name: m.value for m in metrics if hasattr(m, "value")}
+    steps = next((m for m in metrics if m.name == STEPS and hasattr(m, "count")), None)
+    return {**{key: int(values.get(name, 0)) for key, name in COUNTERS.items()},
+            "engine_steps": steps.count if steps else 0, "step_tokens": int(steps.sum) if steps else 0}
 
 
 def main() -> None:
