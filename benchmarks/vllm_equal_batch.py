@@ -32,29 +32,29 @@ def main() -> None:
     prompts = [torch.randint(3, ouro.config.vocab_size, (PROMPT,), generator=g).tolist() for _ in range(BATCH)]
     sampled = SamplingParams(max_new_tokens=NEW, temperature=1.0, n=1, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        for rnd in range(ROUNDS):
+        engines = {}
+        try:
             for name, model in models.items():
-                path = Path(tmp) / name
-                if not path.exists():
-                    save_pretrained(model, path)
-                engine = VllmEngine(path, dtype="float32", max_model_len=PROMPT + NEW + 8, max_num_seqs=256,
-                                    kv_cache_bytes=2 << 30, log=open(Path(tmp) / "log", "a"),
-                                    prefill_chunk=CHUNK if model.config.is_melt else None)
-                try:
-                    engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, greedy=True))  # warm-up
+                engines[name] = VllmEngine(save_pretrained(model, Path(tmp) / name), dtype="float32",
+                                           max_model_len=PROMPT + NEW + 8, max_num_seqs=256, kv_cache_bytes=2 << 30,
+                                           log=open(Path(tmp) / "log", "a"),
+                                           prefill_chunk=CHUNK if model.config.is_melt else None)
+                engines[name].generate(prompts[:2], SamplingParams(max_new_tokens=4, greedy=True))  # warm-up
+            for rnd in range(ROUNDS):
+                for name, engine in engines.items():
                     t0 = time.perf_counter()
                     engine.generate(prompts, SamplingParams(max_new_tokens=1, greedy=True))
                     prefill = time.perf_counter() - t0
                     t0 = time.perf_counter()
                     out = engine.generate(prompts, sampled, max_new_tokens_each=[NEW] * BATCH)
                     seconds = time.perf_counter() - t0
-                finally:
-                    engine.close()
-                n = sum(len(r[0].token_ids) for r in out)
-                print(f"round {rnd} {name}: batch {BATCH}, {n} tokens in {seconds:.1f} s = {n / seconds:.1f} tok/s "
-                      f"(less the prefill: {n / (seconds - prefill):.1f}); prefill of {BATCH} x {PROMPT} "
-                      f"{prefill:.2f} s", flush=True)
-
+                    n = sum(len(r[0].token_ids) for r in out)
+                    print(f"round {rnd} {name}: batch {BATCH}, {n} tokens in {seconds:.1f} s = {n / seconds:.1f} "
+                          f"tok/s (less the prefill: {n / (seconds - prefill):.1f}); prefill of {BATCH} x {PROMPT} "
+                          f"{prefill:.2f} s", flush=True)
+        finally:
+            for engine in engines.values():
+                engine.close()
 
 if __name__ == "__main__":
     main()

@@ -16,8 +16,9 @@ more). The rounds interleave the four configurations, so a change of machine loa
 The paper's shape of work: prompts of at least 4 chunks of CHUNK, several samples a prompt (in vLLM
 each sample is its own request: they share the prompt's cached blocks), completions of skewed
 length, the same memory for both models, small enough that Ouro holds only a few sequences. Each
-vLLM row also gives the preemptions and prefix-cache hit tokens of its engine (totals over the run)
-and ``kv_sequences``: how many sequences of the workload's longest length its KV memory holds.
+vLLM row also gives the preemptions and prefix-cache hit tokens of its engine (totals over the run),
+the engine steps and their tokens of one workload run (the last round's), and ``kv_sequences``: how
+many sequences of the workload's longest length its KV memory holds.
 
 Reports tok/s (median of the rounds, with the range), vLLM / native per model, and MELT / Ouro within
 each engine (the issue's goal: >= 2x at equal memory in vLLM).
@@ -80,10 +81,12 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
                     lengths = [len(s.token_ids) for row in out for s in row]
                     tokens[name] = sum(lengths)
                     one = SamplingParams(max_new_tokens=max_new, temperature=1.0, n=1, seed=0)
+                    before = getattr(engines[name], "counters", None) or {}
                     t0 = time.perf_counter()
                     got = engines[name].generate(each, one, max_new_tokens_each=lengths)
                     seconds.setdefault((name, "vLLM"), []).append(time.perf_counter() - t0)
-                    counters[name] = engines[name].counters
+                    after = engines[name].counters  # totals since the engine started; its steps: this run's
+                    counters[name] = after | {k: after[k] - before.get(k, 0) for k in ("engine_steps", "step_tokens")}
                     if [len(r[0].token_ids) for r in got] != lengths:
                         raise SystemExit(f"{name}: vLLM did not generate the native lengths")
                     t0 = time.perf_counter()
