@@ -32,7 +32,7 @@ def prefilled(model, mode, prompts, capacity=32):
     chunk = None if model.config.is_melt or mode != "default" else width
     with torch.no_grad():
         out = model(ids, cache=cache, positions=positions, attention_mask=mask, chunk_size=chunk or 1,
-                    align_chunks_to_end=True, logits="last")
+                    logits="last")
     cache.end_prompt()
     return cache, positions[:, -1:] + 1, out.logits[:, -1]
 

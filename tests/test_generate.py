@@ -33,6 +33,35 @@ def test_batched_greedy_equals_single(ouro, kind):
         assert got[0].token_ids == generate(model, [prompt], params, **kw)[0][0].token_ids
 
 
+def _greedy_alone(model, prompt, chunk, first, steps):
+    """Greedy tokens of one prompt prefilled by the model's own forward (chunks of ``chunk``, the first
+    ``first`` long), then decoded a token at a time through the same cache."""
+    cache = model.new_cache()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), cache=cache, chunk_size=chunk, first_chunk=first,
+                       logits="last").logits[0, -1]
+        cache.end_prompt()
+        out = []
+        for _ in range(steps):
+            out.append(int(logits.argmax()))
+            logits = model(torch.tensor([[out[-1]]]), cache=cache, logits="last").logits[0, -1]
+    return out
+
+
+def test_chunked_prefill_cuts_each_prompt_from_its_first_token_in_any_batch(ouro):
+    """prefill_chunk C: every prompt of a batch (lengths 5-13, so their padding differs mod C) is cut in
+    chunks of C from its first token, as the training forward cuts a sequence; the batch's greedy
+    tokens are those of each prompt alone. A cut back from the prompt's last token gives other tokens,
+    so the equality says which cut ran."""
+    melt = make_melt(ouro).double()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (5, 13, 9, 6, 11, 8)]
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    got = [row[0].token_ids for row in generate(melt, prompts, params, prefill_chunk=4)]
+    assert got == [_greedy_alone(melt, p, 4, None, 6) for p in prompts]
+    assert got != [_greedy_alone(melt, p, 4, len(p) % 4 or 4, 6) for p in prompts]
+
+
 def test_greedy_is_argmax_of_full_recompute(ouro):
     melt = make_melt(ouro)
     out = generate(melt, [PROMPTS[1]], SamplingParams(max_new_tokens=5, greedy=True))[0][0]

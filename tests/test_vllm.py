@@ -111,7 +111,7 @@ def test_greedy_tokens_equal_melt_core_batched_and_alone(name, checkpoints, engi
 
 
 def test_melt_chunked_prefill_equals_melt_core_chunks(checkpoints, engines):
-    """eval.prefill_chunk C: the prompt in chunks of C cut back from its last token, as the native engine
+    """eval.prefill_chunk C: the prompt in chunks of C from its first token, as the native engine
     computes it, whatever vLLM schedules; and not what token-by-token prefill gives."""
     params = SamplingParams(max_new_tokens=16, greedy=True, stop_token_ids=STOP)
     chunked = [[c.token_ids for c in row] for row in native(checkpoints["melt-elementwise"], PROMPTS, params, 4)]
@@ -183,11 +183,12 @@ def test_preempted_sequences_continue_as_if_never_preempted(chunk, checkpoints):
 def test_samples_share_their_prompt_and_other_cuts_do_not(checkpoints):
     """Prefix caching for MELT. n = 8 samples of a 40-token prompt computed token by token (every
     block edge is a chunk start) compute it once: each later sample hits its first block, 32 tokens, and every sample's
-    tokens carry the exact forward's log-probabilities. With C = 4, a prompt of the same length with a
-    shared 40-token prefix reuses 32 tokens (its chunks start at the same places); one a token shorter
-    reuses none (its chunks start elsewhere), nor does a follow-up prompt that holds an earlier prompt
-    and its answer (whose rows were decoded one at a time), nor a repeated prompt whose cached block
-    ends inside one of its chunks; all generate as the native engine."""
+    tokens carry the exact forward's log-probabilities. With C = 4 (chunks from a prompt's first token,
+    so every block edge is a chunk start), a prompt of the same length with a shared 40-token prefix
+    reuses 32 tokens; one a token longer reuses none (its length is in its salt), nor does a follow-up
+    prompt that holds an earlier prompt and its answer (whose rows were decoded one at a time); a
+    repeated 42-token prompt reuses its first block; with C = 5 a repeated prompt reuses nothing (no
+    chunk starts on its block edge); all generate as the native engine."""
     path = checkpoints["melt-elementwise"]
     prompt = _random_prompts(1, 40, 40, seed=3)[0]
     with _engine(path) as engine:
@@ -197,19 +198,23 @@ def test_samples_share_their_prompt_and_other_cuts_do_not(checkpoints):
     for s in samples:
         assert s.logprobs == pytest.approx(exact_logprobs(path, prompt, s.token_ids), abs=LOGPROB_ATOL)
     a = _random_prompts(1, 44, 44, seed=4)[0]
-    same_cut, other_cut = a[:40] + [5, 6, 7, 8], a[:40] + [5, 6, 7]
+    same_cut, other_cut = a[:40] + [5, 6, 7, 8], a[:40] + [5, 6, 7, 8, 9]
     params = SamplingParams(max_new_tokens=12, greedy=True)
     with _engine(path, 4) as engine:
         answer = engine.generate([a], SamplingParams(max_new_tokens=20, greedy=True))[0][0].token_ids
         first = engine.counters["prefix_cache_hits"]
         # a follow-up holding the answer: its first 64 tokens are cached, the answer's computed token by token
         follow_up = a + answer + [5, 6, 7, 8]
-        # a 42-token prompt twice: its cached first block ends at 32, where none of its chunks starts (2, 6, ...)
+        # a 42-token prompt twice: the second hits the first's block [0, 32), which ends where a chunk starts
         shorter = a[:42]
         asked = (same_cut, other_cut, follow_up, shorter, shorter)
         got = [engine.generate([p], params)[0] for p in asked]
-        assert engine.counters["prefix_cache_hits"] - first == 32, engine.counters  # same_cut's 1 block only
+        assert engine.counters["prefix_cache_hits"] - first == 2 * 32, engine.counters  # same_cut's, shorter's
     assert _tokens(got) == _tokens(native(path, list(asked), params, 4))
+    with _engine(path, 5) as engine:  # C = 5: the block edge at 32 is no chunk start (30, 35): nothing to keep
+        again = [engine.generate([a], params)[0] for _ in range(2)]
+        assert engine.counters["prefix_cache_hits"] == 0, engine.counters
+    assert _tokens(again) == _tokens(native(path, [a, a], params, 5))
 
 
 def test_samples_wait_for_a_sibling_only_where_a_hit_can_be_kept():
@@ -218,7 +223,7 @@ def test_samples_wait_for_a_sibling_only_where_a_hit_can_be_kept():
     from melt_core.serving.chunk_cut import shareable_tokens
 
     cases = [(300, 500, 16), (256, 64, 128), (300, 1, 16), (260, 64, 128), (16, 1, 16), (132, 4, 32)]
-    assert [shareable_tokens(*c) for c in cases] == [0, 128, 288, 0, 0, 128]
+    assert [shareable_tokens(*c) for c in cases] == [0, 128, 288, 256, 0, 128]
 
 
 def test_melt_under_vllm_own_scheduler_is_refused(checkpoints):

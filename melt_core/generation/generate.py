@@ -147,8 +147,8 @@ def generate(model: LoopedLM, prompts: Sequence[Sequence[int]], params: Sampling
     """``params.n`` completions for each prompt (lists of token ids).
 
     prefill_chunk: MELT and the sharing modes default to 1 (token-by-token prefill, exact);
-    an int C prefills in chunks of C tokens (fast, the training approximation), cut back
-    from the prompt's end so batching does not change the chunks. Ouro's
+    an int C prefills in chunks of C tokens (fast, the training approximation), cut from the
+    prompt's first token as training cuts a sequence, whatever batch the prompt is in. Ouro's
     default cache prefills the whole prompt at once, which is exact.
     memory_budget_bytes: size the batches so weights + caches + activations fit (plan_batch).
     exit_rule: stop each decoded token's loops early (melt_core/modeling/early_exit.py); the prompt runs
@@ -245,19 +245,41 @@ class _Decoder:
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> tuple[KVCache, Tensor, Tensor]:
         """A cache holding the left-padded ``prompts``, the next-token logits (B, V) and the next
-        positions (B, 1)."""
+        positions (B, 1). MELT's prompt chunks of C start at the prompt's first token, as training
+        cuts a sequence and vLLM's scheduler cuts a prompt (melt_core/serving/chunk_cut.py): rows
+        whose padding differs mod C take a pass of their own, its first chunk cut to their padding,
+        and the passes' caches are gathered into one."""
         ids, mask = _left_pad(prompts, self.pad, self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = self.model.new_cache(capacity=capacity, mode=self.cache_mode, keep_prompt=self.keep_prompt)
-        if self.exit_rule is not None:
-            try:
-                cache.check_exits()  # before any work
-            except RuntimeError as err:
-                raise ConfigError(f"early exit with cache mode {self.cache_mode!r}: {err}") from None
-        out = self.model(ids, cache=cache, positions=positions, attention_mask=mask,
-                         chunk_size=self.prefill_chunk, align_chunks_to_end=True, logits="last")
-        cache.end_prompt()
-        return cache, out.logits[:, -1], positions[:, -1:] + 1
+        C, width = self.prefill_chunk, ids.shape[1]
+        groups: dict[int | None, list[int]] = {}
+        for row, p in enumerate(prompts):  # the first chunk's length for this row (None: C, or no chunks)
+            groups.setdefault((width - len(p)) % C or C if C and C > 1 else None, []).append(row)
+        parts = []
+        for first, rows in groups.items():
+            index = torch.tensor(rows, device=self.device)
+            cache = self.model.new_cache(capacity=capacity, mode=self.cache_mode, keep_prompt=self.keep_prompt)
+            if self.exit_rule is not None:
+                try:
+                    cache.check_exits()  # before any work
+                except RuntimeError as err:
+                    raise ConfigError(f"early exit with cache mode {self.cache_mode!r}: {err}") from None
+            out = self.model(ids[index], cache=cache, positions=positions[index], attention_mask=mask[index],
+                             chunk_size=C, first_chunk=first, logits="last")
+            cache.end_prompt()
+            parts.append((index, cache, out.logits[:, -1]))
+        if len(parts) == 1:
+            return parts[0][1], parts[0][2], positions[:, -1:] + 1
+        (index, cache, first_logits), rest = parts[0], parts[1:]
+        logits = first_logits.new_empty(len(prompts), first_logits.shape[-1])
+        logits[index] = first_logits
+        order = torch.zeros(len(prompts), dtype=torch.long, device=self.device)  # rows of the others: filled next
+        order[index] = torch.arange(len(index), device=self.device)
+        cache.select(order)
+        for index, other, other_logits in rest:
+            cache.adopt(index, other)
+            logits[index] = other_logits
+        return cache, logits, positions[:, -1:] + 1
 
     def step(self, tokens: list[int], cache, positions: Tensor, rows: list[_Row]) -> tuple[Tensor, Tensor | None]:
         """Decode one token per row: the next logits (B, V) and the loops each row ran (a prompt's

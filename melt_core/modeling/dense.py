@@ -106,7 +106,7 @@ class DenseLM(torch.nn.Module):
 
     def forward(self, input_ids: Tensor, cache: DenseCache | None = None, positions: Tensor | None = None,
                 attention_mask: Tensor | None = None, chunk_size: int | None = None,
-                align_chunks_to_end: bool = False, logits: str = "all") -> _Out:
+                first_chunk: int | None = None, logits: str = "all") -> _Out:
         """``chunk_size`` is accepted and ignored: a dense model's prefill is exact at any chunking."""
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

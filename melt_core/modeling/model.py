@@ -230,7 +230,7 @@ class LoopedLM(nn.Module):
 
     def forward(self, input_ids: Tensor, cache: KVCache | None = None,
                 positions: Tensor | None = None, attention_mask: Tensor | None = None,
-                chunk_size: int | None = None, alpha: float = 1.0, align_chunks_to_end: bool = False,
+                chunk_size: int | None = None, alpha: float = 1.0, first_chunk: int | None = None,
                 logits: str = "all", collect_attn_outputs: bool = False, exit_gate: bool = True) -> LoopOutput:
         """Run ``input_ids`` (B, L) after what ``cache`` already holds.
 
@@ -238,8 +238,9 @@ class LoopedLM(nn.Module):
         attention_mask: (B, L) 1 for real tokens, 0 for (left) padding;
         chunk_size: C (default: L for Ouro, which is exact; 1 for MELT, which is exact);
         alpha: Phase-1 interpolation between MELT and Ouro K/V (1 = pure MELT);
-        align_chunks_to_end: cut chunks back from the last token (the first chunk takes the
-            remainder), so left-padded prompts in a batch get the same chunks as alone;
+        first_chunk: the first chunk's length (default C), so that rows left-padded by a multiple
+            of C plus ``first_chunk`` are cut from their first token, as alone (chunks of C from
+            position 0: how training cuts a sequence and every engine cuts a prompt);
         logits: ``all`` (every loop, every position), ``last`` (last loop, last position) or
             ``none`` (no logits: ``hidden`` only, for a caller that applies ``lm_head`` itself);
         exit_gate: compute the exit gate's logits (False: ``exit_logits`` is None, for a caller
@@ -269,7 +270,9 @@ class LoopedLM(nn.Module):
         valid = attention_mask.bool() if attention_mask is not None and not attention_mask.all() else None
         x_all = self.model.embed_tokens(input_ids)
         per_loop, exits, attn_outputs = [], [], [] if collect_attn_outputs else None
-        first = (L % chunk_size or chunk_size) if align_chunks_to_end else chunk_size
+        first = chunk_size if first_chunk is None else first_chunk
+        if not 1 <= first <= chunk_size:
+            raise ValueError(f"first_chunk must lie in [1, chunk_size={chunk_size}], got {first_chunk}")
         for start in [0, *range(first, L, chunk_size)]:
             sl = slice(start, min(start + (first if start == 0 else chunk_size), L))
             cos, sin = rope_tables(positions[:, sl], self.inv_freq, x_all.dtype)

@@ -1,25 +1,25 @@
-"""Where MELT's prompt chunks start and end, as melt_core cuts them (back from the prompt's last token,
-every later token alone), and how much of a prompt a prefix-cache hit can keep. Pure arithmetic, with
-no vLLM import: vllm_scheduler schedules by it and the cost plan (ops/plan.py) prices by it."""
+"""Where MELT's prompt chunks start and end, as melt_core cuts them (chunks of C from the prompt's first
+token, as training cuts a sequence; every later token alone), and how much of a prompt a prefix-cache
+hit can keep. Pure arithmetic, with no vLLM import: vllm_scheduler schedules by it and the cost plan
+(ops/plan.py) prices by it."""
 
 from __future__ import annotations
 
 
 def next_chunk_end(done: int, prompt_len: int, chunk: int) -> int:
     """Where the chunk that starts at ``done`` ends, for a prompt of ``prompt_len`` tokens cut in
-    chunks of ``chunk`` back from its last token, every later token alone. Raises if ``done`` is
-    not where a chunk starts (a scheduling bug: the rows computed so far would be wrong)."""
+    chunks of ``chunk`` from its first token, every later token alone. Raises if ``done`` is not
+    where a chunk starts (a scheduling bug: the rows computed so far would be wrong)."""
     if done >= prompt_len:
         return done + 1
-    first = prompt_len % chunk or chunk
-    if done != 0 and (done - first) % chunk:
+    if done % chunk:
         raise RuntimeError(f"MELT in vLLM: {done} tokens of a {prompt_len}-token prompt are computed, which is "
-                           f"inside a chunk of {chunk} (chunks end at {first}, {first + chunk}, ...)")
-    return min(first if done == 0 else done + chunk, prompt_len)  # a chunk never runs past the prompt
+                           f"inside a chunk of {chunk} (chunks start at 0, {chunk}, {2 * chunk}, ...)")
+    return min(done + chunk, prompt_len)  # the last chunk ends with the prompt
 
 
 def is_chunk_start(pos: int, prompt_len: int, chunk: int) -> bool:
-    return pos == 0 or pos >= prompt_len or (pos - (prompt_len % chunk or chunk)) % chunk == 0
+    return pos % chunk == 0 or pos >= prompt_len
 
 
 def shareable_tokens(prompt_len: int, chunk: int, block: int) -> int:

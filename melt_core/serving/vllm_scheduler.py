@@ -5,14 +5,15 @@ sequence is one whole chunk: the model writes the chunk's loop-t rows into its s
 and attends causally, so the chunk reads its own loop-t rows and the final rows earlier steps left.
 So this scheduler only decides how many tokens each MELT sequence gets in a step:
 
-* a prompt of P tokens in chunks of C cut back from its last token (the first chunk takes P mod C),
-  as ``LoopedLM.forward(align_chunks_to_end=True)`` and the native engine cut it; C = 1 (the
-  default: ``prefill_chunk`` unset) is token by token;
+* a prompt of P tokens in chunks of C from its first token (the last chunk takes what is left), as
+  training cuts a sequence and the native engine cuts a prompt; C = 1 (the default:
+  ``prefill_chunk`` unset) is token by token;
 * every token after the prompt alone, also when vLLM recomputes a preempted sequence (prompt plus
   the tokens it had generated): they are recomputed as they were first computed, one at a time;
 * a piece that does not fit this step's token budget waits for a later step whole (never cut short);
-* prefix caching: a sequence's cache salt carries (C, P), which fix its cut, so only sequences cut
-  alike share blocks (n samples of one prompt; a preempted sequence its own blocks); a hit is kept
+* prefix caching: a sequence's cache salt carries (C, P): C fixes the cut, P where its chunks end and
+  rows decoded one at a time begin, so only sequences computed alike share blocks (n samples of one
+  prompt; a preempted sequence its own blocks; not a follow-up that holds an answer); a hit is kept
   up to the last chunk boundary that is also a block boundary, and never over a block some sequence
   writes in this step (its rows are still being looped there). A sample whose prompt a sibling is
   still prefilling waits for it where a hit can be kept (and so do the requests queued behind it, as
