@@ -574,7 +574,7 @@ BREAKS = [
           "    return min(done + chunk, prompt_len)", "    return min(done + chunk - 1, prompt_len)",
           (f"{VLLM}::test_prompts_of_several_chunks_batch_with_decode_steps_at_a_small_token_budget",)),
     Break("r16 generate: prompts cut back from their last token", "melt_core/generation/generate.py",
-          "groups.setdefault((width - len(p)) % C or C if", "groups.setdefault(width % C or C if",
+          "pad = width - len(p) if C and len(p) > C else width", "pad = width",
           ("tests/test_generate.py::test_chunked_prefill_cuts_each_prompt_from_its_first_token_in_any_batch",)),
     Break("r16 generate: a pass's rows not gathered", "melt_core/generation/generate.py",
           "            cache.adopt(index, other)\n", "            pass\n",

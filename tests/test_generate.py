@@ -55,11 +55,25 @@ def test_chunked_prefill_cuts_each_prompt_from_its_first_token_in_any_batch(ouro
     so the equality says which cut ran."""
     melt = make_melt(ouro).double()
     g = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (5, 13, 9, 6, 11, 8)]
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (5, 13, 9, 6, 11, 8, 3, 2)]
     params = SamplingParams(max_new_tokens=6, greedy=True)
     got = [row[0].token_ids for row in generate(melt, prompts, params, prefill_chunk=4)]
     assert got == [_greedy_alone(melt, p, 4, None, 6) for p in prompts]
     assert got != [_greedy_alone(melt, p, 4, len(p) % 4 or 4, 6) for p in prompts]
+
+
+def test_prompts_within_one_chunk_prefill_in_one_pass(ouro, monkeypatch):
+    """Prompts of at most C tokens are each one chunk whatever their padding: a batch of them takes one
+    prefill pass (the paper's prompts are under its chunk of 500), and each row's tokens are its own."""
+    melt = make_melt(ouro)
+    passes = []
+    real = type(melt).forward
+    monkeypatch.setattr(type(melt), "forward", lambda self, ids, *a, **k: passes.append(ids.shape) or real(
+        self, ids, *a, **k))
+    params = SamplingParams(max_new_tokens=1, greedy=True)
+    got = [row[0].token_ids for row in generate(melt, PROMPTS, params, prefill_chunk=8)]
+    assert len(passes) == 1 and passes[0][0] == len(PROMPTS), passes
+    assert got == [_greedy_alone(melt, p, 8, None, 1) for p in PROMPTS]
 
 
 def test_greedy_is_argmax_of_full_recompute(ouro):

@@ -254,12 +254,15 @@ class _Decoder:
         C, width = self.prefill_chunk, ids.shape[1]
         groups: dict[int | None, list[int]] = {}
         for row, p in enumerate(prompts):  # the first chunk's length for this row (None: C, or no chunks)
-            groups.setdefault((width - len(p)) % C or C if C and C > 1 else None, []).append(row)
+            # a prompt of at most C tokens is one chunk under any cut with no chunk start inside it:
+            # the pass of the rows padded by a multiple of C (one pass where every prompt fits a chunk)
+            pad = width - len(p) if C and len(p) > C else width
+            groups.setdefault(pad % C or C if C and C > 1 else None, []).append(row)
         parts = []
         for first, rows in groups.items():
             index = torch.tensor(rows, device=self.device)
             cache = self.model.new_cache(capacity=capacity, mode=self.cache_mode, keep_prompt=self.keep_prompt)
-            if self.exit_rule is not None:
+            if self.exit_rule is not None and not parts:  # the cache's kind, alike in every pass
                 try:
                     cache.check_exits()  # before any work
                 except RuntimeError as err:
