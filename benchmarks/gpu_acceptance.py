@@ -157,9 +157,15 @@ def vllm_rows(ouro, melt, s: dict, dtype: str) -> list[dict]:
     w = s["workload"]
     prompts = eval_throughput.workload(ouro.config.vocab_size, w["prompts"], w["prompt_len"])
     budget = eval_throughput.default_budget(ouro, melt, prompts, w["max_new"], 2.5)
-    rows = vllm_throughput.compare({"Ouro": ouro, "MELT": melt}, prompts, w["samples"], w["max_new"], w["mean_new"],
+    models = {"Ouro": ouro, "MELT": melt}
+    rows = vllm_throughput.compare(models, prompts, w["samples"], w["max_new"], w["mean_new"],
                                    budget, rounds=2, dtype=dtype, chunk=s["prefill_chunk"])
-    return [{"section": "vllm", **r} for r in rows]
+    # no tail: every completion the mean length, each model admitting what its KV holds (a pool-bound run)
+    fixed = [int(w["mean_new"])] * (len(prompts) * w["samples"])
+    bound = vllm_throughput.compare(models, prompts, w["samples"], int(w["mean_new"]), w["mean_new"], budget,
+                                    rounds=2, dtype=dtype, chunk=s["prefill_chunk"], lengths=fixed, admit=1)
+    return [{"section": "vllm", "workload": "eval", **r} for r in rows] + \
+        [{"section": "vllm", "workload": "pool-bound", **r} for r in bound]
 
 
 def plan_rates(rows: list[dict], world_gpus: int = 1) -> dict:
@@ -198,11 +204,14 @@ def render(rows: list[dict], meta: dict) -> str:
                      f"{r['tok_s'] / r['limit_tok_s']:.3g} | {peak} |")
     lines += ["", "## Continuous vs static batching (eval_throughput's workload)", "",
               eval_throughput.table([r for r in rows if r["section"] == "batching"])]
-    served = [r for r in rows if r["section"] == "vllm"]
-    if served:
-        lines += ["", "## vLLM beside the native engine (the same workload and lengths, the same memory)", "",
-                  f"{served[0]['sequences']} sequences, {served[0]['memory_bytes'] / 1e9:.2f} GB each model "
-                  "(vLLM: its KV cache, the weights aside)", "", vllm_throughput.table(served)]
+    titles = {"eval": "vLLM beside the native engine (the same workload and lengths, the same memory)",
+              "pool-bound": "vLLM, pool-bound (every completion the mean length, each model admitting what its "
+                            "KV holds)"}
+    for workload, title in titles.items():
+        if served := [r for r in rows if r["section"] == "vllm" and r.get("workload", "eval") == workload]:
+            lines += ["", f"## {title}", "", f"{served[0]['sequences']} sequences, "
+                      f"{served[0]['memory_bytes'] / 1e9:.2f} GB each model (vLLM: its KV cache, the weights aside)",
+                      "", vllm_throughput.table(served)]
     return "\n".join(lines) + "\n"
 
 

@@ -43,13 +43,18 @@ def test_every_section_runs_and_stands_beside_its_limit(result):
     batching = [r for r in rows if r["section"] == "batching"]
     assert {(r["model"], r["batching"]) for r in batching} == {(m, b) for m in ("Ouro", "MELT")
                                                                for b in ("static", "continuous")}
-    served = [r for r in rows if r["section"] == "vllm"]
+    served = [r for r in rows if r["section"] == "vllm" and r["workload"] == "eval"]
     assert {(r["model"], r["engine"]) for r in served} == {(m, e) for m in ("Ouro", "MELT")
                                                           for e in ("native", "vLLM", "vLLM prefill")}
-    assert all(r["tok_s"] > 0 and r["tokens"] > 0 for r in served)
+    bound = [r for r in rows if r["section"] == "vllm" and r["workload"] == "pool-bound"]  # vLLM alone, no tail
+    assert {(r["model"], r["engine"]) for r in bound} == {(m, e) for m in ("Ouro", "MELT")
+                                                         for e in ("vLLM", "vLLM prefill")}
+    generated = [r for r in bound if r["engine"] == "vLLM"]
+    assert all(r["admit"] == 1 and r["max_num_seqs"] == max(r["kv_sequences"], 1) for r in generated)
+    assert all(r["tok_s"] > 0 and r["tokens"] > 0 for r in served + bound)
     text = (out / "gpu_acceptance.md").read_text()
     for heading in ("## Decode and prefill", "## Memory plan", "## Training steps", "## Continuous vs static",
-                    "## vLLM beside the native engine"):
+                    "## vLLM beside the native engine", "## vLLM, pool-bound"):
         assert heading in text
     assert "not measurable on CPU" in text
 
