@@ -161,9 +161,8 @@ def vllm_rows(ouro, melt, s: dict, dtype: str) -> list[dict]:
     rows = vllm_throughput.compare(models, prompts, w["samples"], w["max_new"], w["mean_new"],
                                    budget, rounds=2, dtype=dtype, chunk=s["prefill_chunk"])
     # no tail: every completion the mean length, each model admitting what its KV holds (a pool-bound run)
-    fixed = [int(w["mean_new"])] * (len(prompts) * w["samples"])
-    bound = vllm_throughput.compare(models, prompts, w["samples"], int(w["mean_new"]), w["mean_new"], budget,
-                                    rounds=2, dtype=dtype, chunk=s["prefill_chunk"], lengths=fixed, admit=1)
+    bound = vllm_throughput.compare(models, prompts, w["samples"], w["max_new"], w["mean_new"], budget, rounds=2,
+                                    dtype=dtype, chunk=s["prefill_chunk"], fixed_new=int(w["mean_new"]), admit=1)
     return [{"section": "vllm", "workload": "eval", **r} for r in rows] + \
         [{"section": "vllm", "workload": "pool-bound", **r} for r in bound]
 
@@ -208,7 +207,7 @@ def render(rows: list[dict], meta: dict) -> str:
               "pool-bound": "vLLM, pool-bound (every completion the mean length, each model admitting what its "
                             "KV holds)"}
     for workload, title in titles.items():
-        if served := [r for r in rows if r["section"] == "vllm" and r.get("workload", "eval") == workload]:
+        if served := [r for r in rows if r["section"] == "vllm" and r["workload"] == workload]:
             lines += ["", f"## {title}", "", f"{served[0]['sequences']} sequences, "
                       f"{served[0]['memory_bytes'] / 1e9:.2f} GB each model (vLLM: its KV cache, the weights aside)",
                       "", vllm_throughput.table(served)]

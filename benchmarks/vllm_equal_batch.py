@@ -4,8 +4,8 @@ model, and how far more sequences at once buy more tokens a second on this machi
 Both models (cpu-mid shape, random weights) get ample KV memory (2 GiB), so vLLM runs all B
 sequences of each at once (B from ``--batches``); prompts of one chunk (PROMPT tokens), ``--new``
 generated tokens each (exact: stop ignored), the models taking turns within each round. Prints
-tok/s per (batch, model) with and without the prefill, MELT / Ouro at equal batch, and each model's
-tok/s against its batch-1 rate.
+tok/s per (batch, model), MELT / Ouro at equal batch, and each model's tok/s against its rate at the
+smallest batch; the JSON also has tok/s less a separate prefill run's seconds.
 
 What the curve decides: at equal KV memory MELT holds T times Ouro's sequences, so in a run where
 Ouro's pool binds MELT/Ouro is at most ``melt(T x B) / ouro(B)`` read off this curve at Ouro's batch

@@ -49,14 +49,16 @@ CHUNK = 64  # MELT's prompt chunk in both engines (eval_throughput's)
 
 def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, mean_new: float, budget: int,
             rounds: int, dtype: str = "float32", chunk: int = CHUNK, log=None,
-            lengths: list[int] | None = None, admit: float | None = None) -> list[dict]:
+            fixed_new: int | None = None, admit: float | None = None) -> list[dict]:
     """Rows of tok/s per (model, engine), the engines taking turns each round; ``models``: name -> a
     loaded Ouro or MELT model (random weights). vLLM replays the native run's lengths, or, given
-    ``lengths`` (one a sequence, prompt-major), generates those and the native engine does not run.
+    ``fixed_new``, generates that many tokens a sequence (``max_new`` then that too) and the native
+    engine does not run.
     Also vLLM's prefill alone (one new token a sequence): prompt tok/s. ``admit``: None, vLLM's
     scheduler takes up to 256 sequences at once and preempts when the pool runs out; k, at most k
     times as many as the model's KV memory holds at the workload's longest length (``max_num_seqs``;
     1: no preemption, the setting a server is run with to keep it away)."""
+    max_new = fixed_new or max_new
     params = SamplingParams(max_new_tokens=max_new, temperature=1.0, n=samples, seed=0, stop_token_ids=(STOP,))
     max_len = max(map(len, prompts)) + max_new
     each = [p for p in prompts for _ in range(samples)]
@@ -80,8 +82,8 @@ def compare(models: dict, prompts: list[list[int]], samples: int, max_new: int, 
                                            prefill_chunk=chunk if model.config.is_melt else None)
             for _ in range(rounds):
                 for name, model in models.items():
-                    each_len = lengths or native_lengths(model, prompts, params, chunk, budget, mean_new,
-                                                         seconds.setdefault((name, "native"), []))
+                    each_len = [fixed_new] * len(each) if fixed_new else native_lengths(
+                        model, prompts, params, chunk, budget, mean_new, seconds.setdefault((name, "native"), []))
                     tokens[name] = sum(each_len)
                     one = SamplingParams(max_new_tokens=max_new, temperature=1.0, n=1, seed=0)
                     before = getattr(engines[name], "counters", None) or {}
@@ -176,9 +178,8 @@ def main() -> None:
     fixed = a.lengths == "fixed"
     if fixed and a.mean_new > a.max_new:
         raise SystemExit(f"--lengths fixed: --mean-new {a.mean_new:g} is above --max-new {a.max_new}; lower it")
-    lengths = [int(a.mean_new)] * (a.prompts * a.samples) if fixed else None
-    rows = compare(models, prompts, a.samples, a.max_new, a.mean_new, budget, a.rounds, lengths=lengths,
-                   admit=a.admit)
+    rows = compare(models, prompts, a.samples, a.max_new, a.mean_new, budget, a.rounds,
+                   fixed_new=int(a.mean_new) if fixed else None, admit=a.admit)
     drawn = (f"every completion {int(a.mean_new)} tokens, vLLM only" if fixed else
              f"lengths geometric (mean {a.mean_new:g}, cap {a.max_new}) drawn by the native run and replayed in vLLM")
     admits = "up to 256 sequences" if a.admit is None else f"{a.admit:g} x what its KV holds at full length"
