@@ -5,11 +5,13 @@ orders and settings and count how many seeds escape (docs/PREREGISTRATION.md: KD
 Each trial replays one phase job of the main job from its ``resolved_train_config.json`` (same
 converted student, the same teacher, the same data file), with the data-order seed and any
 TrainConfig field changed, in a fresh interpreter on one thread under the workflow's CPU pins.
-Only the training loss is read: no test question is seen. The gates' random init is the
-conversion's and stays fixed; a "seed" here is the data order and the training RNG.
+Only the training loss is read: no test question is seen. A data seed is the data order and the
+training RNG; the gates' random init is the main job's conversion unless ``--gate-seeds`` converts
+the same teacher again with other seeds (rule convert's options, ``convert:`` of the run's config).
 
     python benchmarks/escape_sweep.py --gates ema last scalar elementwise --data-seeds 0 1 2 3
     python benchmarks/escape_sweep.py --gates last --variant default: --variant long:steps=300 --judge-at 150
+    python benchmarks/escape_sweep.py --gates scalar --gate-seeds 0 1 2 3 --data-seeds 0
 
 A variant is ``NAME:key=value,key=value``: a TrainConfig field (``lr_model``, ``warmup_steps``,
 ``kd_temperature``, ...) or ``steps`` (the last phase's steps), ``alpha_start`` (its interpolation
@@ -85,6 +87,15 @@ def trial_config(resolved: dict, data_seed: int, sets: dict, out_dir: Path, teac
     return cfg
 
 
+def convert_again(teacher: str, gate: str, seed: int, options: dict, out: Path) -> str:
+    """The teacher converted as rule convert converts it, the gates drawn with ``seed`` (kept)."""
+    from melt_core.modeling.checkpoint import convert_ouro_to_melt
+
+    if not (out / "config.json").is_file():
+        convert_ouro_to_melt(teacher, out, gate=gate, **{**options, "seed": seed})
+    return str(out)
+
+
 def curve(metrics: Path) -> pd.DataFrame:
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     return pd.DataFrame(rows)
@@ -136,11 +147,12 @@ def render(summary: list[dict], rows: list[dict], meta: dict) -> str:
         step = "-" if s["median_escape_step"] is None else f"{s['median_escape_step']:.0f}"
         lines.append(f"| {s['run']} | {s['variant']} | {s['at']} | {s['escaped']} of {s['seeds']} | "
                      f"[{s['rate_lo']:.0f}%, {s['rate_hi']:.0f}%] | {step} | {', '.join(map(str, s['final_kd']))} |")
-    lines += ["", "| run | variant | data seed | " + " | ".join(f"KD @{s}" for s in READ_AT) + " | escape step | s |",
-              "|---|---|---:|" + "---:|" * (len(READ_AT) + 2)]
+    lines += ["", "| run | variant | gates' seed | data seed | " + " | ".join(f"KD @{s}" for s in READ_AT)
+              + " | escape step | s |", "|---|---|---:|---:|" + "---:|" * (len(READ_AT) + 2)]
     for r in rows:
         kd = " | ".join("-" if r.get(f"kd@{s}") is None else f"{r[f'kd@{s}']:.2f}" for s in READ_AT)
-        lines.append(f"| {r['run']} | {r['variant']} | {r['data_seed']} | {kd} | "
+        gates = "job's" if r.get("gate_seed") is None else r["gate_seed"]
+        lines.append(f"| {r['run']} | {r['variant']} | {gates} | {r['data_seed']} | {kd} | "
                      f"{'-' if r['escape_step'] is None else r['escape_step']} | {r['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -153,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--path", default="phase1_no_interp",
                     help="the phase job: its folder under runs/seed<n>/<gate>/ (default: the gates' recipe)")
     ap.add_argument("--data-seeds", nargs="+", type=int, default=[0, 1, 2, 3])
+    ap.add_argument("--gate-seeds", nargs="*", type=int, default=None,
+                    help="convert the teacher again with these seeds (the gates' init); default: the job's own")
     ap.add_argument("--variant", action="append", default=[], help="NAME:key=value,... (repeatable)")
     ap.add_argument("--judge-at", nargs="*", type=int, default=[150],
                     help="also judge the escape at these steps (the LR is constant: a longer trial's first S steps "
@@ -175,11 +189,21 @@ def main(argv: list[str] | None = None) -> None:
         if not resolved_path.is_file():
             raise SystemExit(f"{resolved_path} is missing: run the main job first (snakemake --profile local all)")
         resolved = json.loads(resolved_path.read_text())
-        for name, sets in variants:
-            for seed in args.data_seeds:
-                trial_dir = out / "trials" / f"{gate}-{args.path}-{name}-data{seed}"
-                trials.append(({"run": f"{gate} {args.path}", "variant": name, "data_seed": seed},
-                               trial_config(resolved, seed, sets, trial_dir, out / "teacher_logits")))
+        for gate_seed in args.gate_seeds if args.gate_seeds is not None else [None]:
+            start = dict(resolved)
+            if gate_seed is not None:
+                if resolved.get("init_from"):
+                    raise SystemExit(f"--gate-seeds: {args.path} continues an earlier phase (init_from), whose "
+                                     "weights hold the gates; give the path of a first phase")
+                start["student"] = convert_again(resolved["teacher"], gate, gate_seed, config["convert"],
+                                                 out / "converted" / f"{gate}-gates{gate_seed}")
+            for name, sets in variants:
+                for seed in args.data_seeds:
+                    tag = "" if gate_seed is None else f"-gates{gate_seed}"
+                    trial_dir = out / "trials" / f"{gate}-{args.path}-{name}{tag}-data{seed}"
+                    trials.append(({"run": f"{gate} {args.path}", "variant": name,
+                                    "gate_seed": gate_seed, "data_seed": seed},
+                                   trial_config(start, seed, sets, trial_dir, out / "teacher_logits")))
     t0 = time.perf_counter()
     print(f"{len(trials)} trials, {args.jobs} at a time", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:

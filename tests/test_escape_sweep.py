@@ -73,3 +73,24 @@ def test_a_replayed_phase_job_trains_the_same_run(tmp_path):
         for r in out["trials"])
     table = (tmp_path / "benchmarks/escape_sweep/escape_sweep.md").read_text()
     assert "| scalar phase1_no_interp | default | " in table
+
+
+def test_gate_seeds_convert_the_teacher_again(tmp_path):
+    """--gate-seeds converts the job's teacher as rule convert does: the job's own seed gives the job's
+    own run again, another seed other gates and another run."""
+    paths, teacher, student = tiny_setup(tmp_path, gate="scalar")  # converted with seed 0, init std 0.1
+    cfg = train_config(tmp_path, paths, teacher, student, "runs/seed0/scalar/phase1_no_interp",
+                       phases=[{"name": "phase1_no_interp", "steps": 8}], checkpoint_every=50, mlflow=None)
+    train(cfg)
+    run_dir = tmp_path / "runs/seed0/scalar/phase1_no_interp"
+    (run_dir / "resolved_train_config.json").write_text(json.dumps(cfg))
+    report = {"report": {"escape_kd": 1.2, "escape_last": 4}, "convert": {"gate_init_std": 0.1, "window": 0}}
+    (tmp_path / "config.resolved.yaml").write_text(yaml.safe_dump(report))
+    escape_sweep.main(["--results", str(tmp_path), "--gates", "scalar", "--data-seeds", "0", "--gate-seeds", "0", "1"])
+    trials = tmp_path / "benchmarks/escape_sweep/trials"
+    original = escape_sweep.curve(run_dir / "metrics.jsonl").kd.tolist()
+    same = escape_sweep.curve(trials / "scalar-phase1_no_interp-default-gates0-data0" / "metrics.jsonl").kd.tolist()
+    other = escape_sweep.curve(trials / "scalar-phase1_no_interp-default-gates1-data0" / "metrics.jsonl").kd.tolist()
+    assert same == pytest.approx(original, rel=1e-4) and other != pytest.approx(original, rel=1e-3)
+    out = json.loads((tmp_path / "benchmarks/escape_sweep/escape_sweep.json").read_text())
+    assert [(s["variant"], s["at"], s["seeds"]) for s in out["summary"]] == [("default", 8, 2)]
