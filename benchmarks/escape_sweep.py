@@ -26,6 +26,7 @@ k of n seeds escaped with the exact 95% interval.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -38,6 +39,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from melt_core.training.train_config import TrainConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
 from cpu_numerics import pinned_env  # noqa: E402
@@ -47,6 +50,7 @@ from verdicts import clopper_pearson  # noqa: E402
 CHILD = ("import json, sys, torch; torch.set_num_threads(1); "
          "from melt_core.training.train import train; train(json.load(open(sys.argv[1])))")
 PHASE_KEYS = {"steps", "alpha_start", "alpha_end", "align_beta"}
+TRAIN_FIELDS = {f.name for f in dataclasses.fields(TrainConfig)}
 READ_AT = (10, 30, 75, 150, 300)
 
 
@@ -80,7 +84,7 @@ def trial_config(resolved: dict, data_seed: int, sets: dict, out_dir: Path, teac
     for key, value in sets.items():
         if key in PHASE_KEYS:
             cfg["phases"][-1][key] = value
-        elif key in cfg or key in ("warmup_steps", "kd_temperature", "detach_past", "betas"):
+        elif key in TRAIN_FIELDS:
             cfg[key] = value
         else:
             raise SystemExit(f"variant field {key!r} is neither a TrainConfig field nor one of {sorted(PHASE_KEYS)}")
@@ -212,12 +216,12 @@ def main(argv: list[str] | None = None) -> None:
     for (row, cfg), wall in zip(trials, walls):
         c = curve(Path(cfg["out_dir"]) / "metrics.jsonl").sort_values("step").reset_index(drop=True)
         c["run"], c["seed"] = row["run"], row["data_seed"]
-        (flag, final), = escapes(c, threshold, last).values()
-        row.update(escaped=flag, final_kd=final, escape_step=escape_step(c.kd, threshold, last), wall_s=wall,
-                   **{f"kd@{s}": float(c.kd.iloc[s - 1]) for s in READ_AT if s <= len(c)})
         for at in sorted({*args.judge_at, len(c)}):  # the report's rule on the curve up to step `at`
             if at <= len(c):
                 (row[f"escaped@{at}"], row[f"kd_last@{at}"]), = escapes(c[c.step <= at], threshold, last).values()
+        flag, final = row[f"escaped@{len(c)}"], row[f"kd_last@{len(c)}"]  # judged at its last step
+        row.update(escaped=flag, final_kd=final, escape_step=escape_step(c.kd, threshold, last), wall_s=wall,
+                   **{f"kd@{s}": float(c.kd.iloc[s - 1]) for s in READ_AT if s <= len(c)})
         rows.append(row)
         print(f"{row['run']} {row['variant']} data {row['data_seed']}: final KD {final:.2f}, "
               f"escape step {row['escape_step']}", flush=True)
