@@ -195,3 +195,72 @@ def test_one_mode_intervals_cover_a_rerun_as_often_as_they_say(replicates):
         _, lo, hi = interval(100.0 * (rng.random((replicates, 64)) < acc[:, None]))
         hits += lo <= expected <= hi
     assert 0.95 <= hits / 1000 <= 0.995, hits / 1000
+
+
+def _arms(a, b, questions=64):
+    """Two arms of separately trained seeds: each seed's questions all at that seed's score."""
+    return (Cell(np.repeat(np.asarray(a, float)[:, None], questions, 1), tuple(x > 50 for x in a), "a"),
+            Cell(np.repeat(np.asarray(b, float)[:, None], questions, 1), tuple(x > 50 for x in b), "b"))
+
+
+def test_the_permutation_test_enumerates_every_split():
+    """Six seeds a side, every one of a above every one of b: of the C(12, 6) = 924 splits only the
+    observed one is as extreme, so each one-sided p-value is 1/924 or 1; reversed, the other side."""
+    a, b = _arms([90, 88, 95, 91, 87, 93], [1, 0, 3, 2, 0, 1])
+    assert v.permutation_p(a, b) == pytest.approx((1 / 924, 1.0))
+    assert v.permutation_p(b, a) == pytest.approx((1.0, 1 / 924))
+    # a threshold is a shift of a: a - 89 is no longer above b everywhere
+    assert v.permutation_p(a, b, 89.0)[0] > 0.05
+
+
+@pytest.mark.parametrize("n,expected", [(2, INCONCLUSIVE), (5, INCONCLUSIVE), (6, HOLDS)])
+def test_the_permutation_test_decides_from_six_seeds_a_side_under_holm(n, expected):
+    """Complete separation, judged in a family of 17 like the report's: two and five seeds a side
+    cannot be decided (smallest two-sided p 1/3 and 2/252 against 0.05/17), six can."""
+    family = Family(test="permutation")
+    c = beats(*_arms([90.0] * n, [1.0] * n), TEACHER, family=family)
+    rest = [beats(rate(0.5), rate(0.5), TEACHER, family=family) for _ in range(16)]
+    family.correct()
+    assert c.verdict == expected and all(x.verdict == INCONCLUSIVE for x in rest)
+    assert ("permutation p" in c.ci) and ("6 vs 6" in c.ci) == (n == 6)
+
+
+def test_the_permutation_test_judges_both_directions_and_margins():
+    """A clear loss fails; a near claim (a stays within 5 of b) holds when every seed of a is within
+    5 of every seed of b, fails when every seed is 20 below; ties are inconclusive."""
+    loss = beats(*_arms([1.0] * 6, [90.0] * 6), TEACHER)
+    loss.test = "permutation"
+    assert loss.verdict == FAILS
+    for a, b, expected in (([89.0] * 6, [90.0] * 6, HOLDS), ([70.0] * 6, [90.0] * 6, FAILS),
+                           ([90.0, 1.0] * 3, [1.0, 90.0] * 3, INCONCLUSIVE)):
+        c = near(*_arms(a, b), 5.0, TEACHER)
+        c.test = "permutation"
+        assert c.verdict == expected, (a, b)
+
+
+def test_the_permutation_test_leaves_paired_cells_to_the_paired_interval():
+    """Views of the same weights, and untrained one-mode cells, keep the paired t interval."""
+    x = np.asarray([rate(0.9, 64)] * 6)
+    c = beats(Cell(x, None), Cell(x * 0, None), TEACHER)
+    c.test = "permutation"
+    assert not c.permutes and "CI" in c.ci and c.verdict == HOLDS
+    with pytest.raises(ValueError, match="separate_test"):
+        Family(test="bootstrap")
+
+
+def test_a_shared_teacher_keeps_the_permutation_test_within_its_level():
+    """Under the null (the arm does not matter) with each seed's teacher deciding both arms' escape
+    (probability 0.5) and its score, six seeds a side: the two-sided test at 5% rejects in at most 5%
+    of 2,000 draws, and a real difference (escape 0.9 against 0.1) is found most of the time."""
+    rng = np.random.default_rng(0)
+
+    def draw(pa, pb):
+        teacher = rng.random(6)
+        esc_a, esc_b = teacher < pa, teacher < pb  # one draw per seed decides both arms (shared teacher)
+        score = lambda e: np.where(e, rng.normal(88, 4, 6), rng.normal(1, 1, 6)).clip(0, 100)  # noqa: E731
+        return _arms(score(esc_a), score(esc_b), questions=1)
+
+    null = [min(1.0, 2 * min(v.permutation_p(*draw(0.5, 0.5)))) <= 0.05 for _ in range(2000)]
+    assert np.mean(null) <= 0.05, np.mean(null)
+    power = [min(1.0, 2 * min(v.permutation_p(*draw(0.9, 0.1)))) <= 0.05 for _ in range(300)]
+    assert np.mean(power) > 0.5, np.mean(power)

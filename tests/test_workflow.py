@@ -185,6 +185,19 @@ def test_the_three_seed_overlay_is_the_default_with_a_third_seed(tmp_path):
     assert {k: v for k, v in three.items() if k not in apart} == {k: v for k, v in default.items() if k not in apart}
 
 
+def test_the_evidence_overlay_is_the_default_with_six_seeds_and_the_permutation_test(tmp_path):
+    """config/evidence.yaml changes the seed list and how separately trained arms are compared, and
+    nothing that trains: seeds 0 and 1 keep the default's outputs."""
+    evidence = _resolve(tmp_path / "evidence", "config/evidence.yaml")
+    default = _resolve(tmp_path / "default", "config/default.yaml")
+    assert evidence["seeds"] == list(range(6)) and evidence["report"]["separate_test"] == "permutation"
+    assert default["report"]["separate_test"] == "interval"
+    apart = ("seeds", "outdir", "report")
+    assert {k: v for k, v in evidence.items() if k not in apart} == {k: v for k, v in default.items() if k not in apart}
+    assert {k: v for k, v in evidence["report"].items() if k != "separate_test"} == \
+        {k: v for k, v in default["report"].items() if k != "separate_test"}
+
+
 def _planned_jobs(r):
     """(rule, wildcards) of every job in a dry run's plan."""
     jobs, rule = [], None

@@ -151,7 +151,8 @@ def claims(r: Results) -> list[tuple[str, str, str]]:
                 f"T sweep {sorted(melt_flat)}: MELT {sorted(set(round(v, 6) for v in melt_flat.values()))} MB/token, "
                 f"Ouro {[round(ouro_lin[t], 6) for t in sorted(ouro_lin)]}", HOLDS if flat and linear else FAILS))
 
-    family = Family()  # every accuracy comparison below, Holm-corrected together before any is read
+    # every accuracy comparison below, Holm-corrected together before any is read
+    family = Family(test=r.config["report"].get("separate_test", "interval"))
     late = []  # (index in out, evidence, verdict): callables read after the correction
     col = "MATH-500"  # the column the paper's accuracy claims are read from (or its stand-in)
     q = lambda model: r.cell(model, col)  # noqa: E731
@@ -291,7 +292,10 @@ if "snakemake" in globals():  # run by the rule (tests import the functions abov
                  "early-exit claim is corrected for its own rules). A trained run's cell is a mixture of the "
                  "seeds that escaped their plateau and those that did not (escape rate exact, each mode "
                  "Student's t with Satterthwaite degrees of freedom); views of the same weights are compared "
-                 "seed by seed; workflow/scripts/verdicts.py, docs/PREREGISTRATION.md.",
+                 "seed by seed; "
+                 + ("separately trained arms by an exact permutation test on the seeds' means "
+                    "(report.separate_test); " if results.family.test == "permutation" else "")
+                 + "workflow/scripts/verdicts.py, docs/PREREGISTRATION.md.",
                  "", "| claim | evidence (ours) | verdict |", "|---|---|---|"]
         lines += [f"| {c} | {e} | **{v}** |" for c, e, v in rows]
         lines += escape_lines(results)

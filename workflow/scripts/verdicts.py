@@ -30,6 +30,19 @@ compared replicate by replicate and question by question: a t interval for the p
 difference, Satterthwaite degrees of freedom. Cells of separately trained weights are compared
 through their own intervals, each at level 1 - alpha/2: [lo_a - hi_b, hi_a - lo_b].
 
+With ``test="permutation"`` (``report.separate_test``; the evidence target's registered method,
+docs/PREREGISTRATION.md) cells of separately trained weights are compared instead by an exact
+two-sample **permutation test** on the replicates' means (each replicate's mean over the
+questions): the statistic is the difference of the two arms' means, its null distribution every
+split of the pooled replicates into arms of the same sizes (all of them up to ``EXACT_SPLITS``,
+else that many drawn), and "a beats b" (or "a - b stays within the margin") is tested as a shift
+of a by the threshold. It makes no assumption about the scores' distribution, so two-valued
+reruns cost it nothing, but it cannot decide below its resolution: its smallest two-sided p-value
+is 2 / C(n_a + n_b, n_a), 1/3 at two replicates a side, 0.0022 at six. The arms of one replicate
+share that replicate's teacher; a shared teacher makes the arms' means correlate positively, which
+narrows the true spread of their difference below the permutation distribution's (the test is
+conservative then; tests/test_verdicts.py simulates it).
+
 Each comparison has a **p-value**: the smallest alpha at which its interval leaves the claim's
 threshold (0 for "beats", the margin for "stays near"), found by bisection. A family of
 comparisons (every accuracy claim's parts in one report) is corrected with **Holm**'s step-down:
@@ -48,6 +61,8 @@ So a run where every model scores 0 judges nothing, and a tie never counts as a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
+from math import comb
 
 import numpy as np
 from scipy import stats
@@ -57,6 +72,8 @@ FLOOR = 50.0   # percent the reference model must reach before its students can 
 ALPHA = 0.05   # family-wise error rate of one report's accuracy claims
 BOUNDS = (0.0, 100.0)
 CAP_DOF = True  # t's degrees of freedom: Satterthwaite's, at most the fewest of any variance part
+TESTS = ("interval", "permutation")  # how separately trained cells are compared (report.separate_test)
+EXACT_SPLITS = 200_000  # a permutation test enumerates every split up to this many, else draws this many
 
 
 @dataclass(frozen=True)
@@ -183,6 +200,32 @@ def difference_interval(a, b, level: float = 1 - ALPHA) -> tuple[float, float, f
     return mean, a_lo - b_hi, a_hi - b_lo
 
 
+def permutation_p(a, b, threshold: float = 0.0) -> tuple[float, float]:
+    """One-sided p-values of the difference of the replicates' means, a - b, against ``threshold``:
+    (p that it is above, p that it is below), each the share of splits of the pooled replicates
+    (a shifted down by the threshold) whose difference is at least (at most) as extreme as the
+    observed one. Exact over every split up to EXACT_SPLITS; beyond that a fixed draw of that
+    many, with the observed split counted once ((hits + 1) / (draws + 1))."""
+    x = np.concatenate([as_cell(a).scores.mean(1) - threshold, as_cell(b).scores.mean(1)])
+    n_a, n = len(as_cell(a).scores), len(x)
+    if n_a == 0 or n_a == n:
+        return 1.0, 1.0
+    observed = x[:n_a].mean() - x[n_a:].mean()
+    total = x.sum()
+    if comb(n, n_a) <= EXACT_SPLITS:
+        sums = np.asarray([x[list(idx)].sum() for idx in combinations(range(n), n_a)])
+        extra = 0
+    else:
+        rng = np.random.default_rng(0)
+        sums = np.asarray([x[rng.permutation(n)[:n_a]].sum() for _ in range(EXACT_SPLITS)])
+        extra = 1
+    diffs = sums / n_a - (total - sums) / (n - n_a)
+    tol = 1e-9 * max(1.0, float(np.abs(x).max()))  # equal splits of floats count as ties
+    above = (np.sum(diffs >= observed - tol) + extra) / (len(diffs) + extra)
+    below = (np.sum(diffs <= observed + tol) + extra) / (len(diffs) + extra)
+    return float(above), float(below)
+
+
 def fmt(mean: float, lo: float, hi: float, level: float = 1 - ALPHA) -> str:
     return f"{mean:+.1f} pts [{100 * level:.4g}% CI {lo:+.1f}, {hi:+.1f}]"
 
@@ -198,15 +241,29 @@ class Comparison:
     kind: str                       # "beats" (a > b) | "near" (a - b <= threshold)
     na: str | None = None           # not measurable, and why
     level: float = 1 - ALPHA
+    test: str = "interval"          # separately trained cells: "interval" | "permutation" (TESTS)
 
     def interval(self, level: float | None = None) -> tuple[float, float, float]:
         return difference_interval(self.a, self.b, self.level if level is None else level)
 
     @property
+    def permutes(self) -> bool:
+        """Whether this comparison is judged by the permutation test: asked for, and not paired."""
+        return self.test == "permutation" and not paired(self.a, self.b)
+
+    @property
+    def sides(self) -> tuple[float, float]:
+        """The permutation test's one-sided p-values: a - b above the threshold, below it."""
+        return permutation_p(self.a, self.b, self.threshold)
+
+    @property
     def p(self) -> float:
-        """The smallest alpha at which the interval leaves the threshold (1 if none does)."""
+        """The smallest alpha at which the interval leaves the threshold (1 if none does); under the
+        permutation test, its two-sided p-value."""
         if self.na:
             return 1.0
+        if self.permutes:
+            return min(1.0, 2 * min(self.sides))
 
         def leaves(alpha: float) -> bool:
             _, lo, hi = self.interval(1 - alpha)
@@ -224,12 +281,21 @@ class Comparison:
 
     @property
     def ci(self) -> str:
+        if self.permutes:
+            n_a, n_b = len(self.a.scores), len(self.b.scores)
+            return (f"{self.a.mean - self.b.mean:+.1f} pts, permutation p = {self.p:.3g} two-sided "
+                    f"({n_a} vs {n_b} seeds; decided at p <= {1 - self.level:.3g})")
         return fmt(*self.interval(), self.level)
 
     @property
     def verdict(self) -> str:
         if self.na:
             return self.na
+        if self.permutes:
+            above, below = self.sides
+            decided = self.p <= 1 - self.level + 1e-12
+            up, down = (HOLDS, FAILS) if self.kind == "beats" else (FAILS, HOLDS)
+            return (up if above < below else down) if decided else INCONCLUSIVE
         _, lo, hi = self.interval()
         if self.kind == "beats":
             return HOLDS if lo > 0 else FAILS if hi < 0 else INCONCLUSIVE
@@ -242,8 +308,14 @@ class Family:
 
     alpha: float = ALPHA
     members: list[Comparison] = field(default_factory=list)
+    test: str = "interval"  # how its separately trained cells are compared (TESTS)
+
+    def __post_init__(self):
+        if self.test not in TESTS:
+            raise ValueError(f"report.separate_test is {self.test!r}; use one of {', '.join(TESTS)}")
 
     def add(self, c: Comparison) -> Comparison:
+        c.test = self.test
         self.members.append(c)
         return c
 
