@@ -15,7 +15,7 @@ from helpers import rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow" / "scripts"))
 import claims  # noqa: E402
-from report_common import Results, escapes  # noqa: E402
+from report_common import Results, escapes, pool_early_exit  # noqa: E402
 from verdicts import FAILS, HOLDS, INCONCLUSIVE  # noqa: E402
 
 
@@ -37,22 +37,24 @@ def test_training_slowdown_is_judged_on_its_rounds_against_the_papers_ratio(roun
     assert f"melt-C16: 5 rounds in turn, {min(rounds):.2f}-{max(rounds):.2f}x" in evidence
 
 
-def sweep(gap_questions: int, n_rules: int, n: int = 400) -> pd.DataFrame:
-    """MELT's every-loop run solves every question; each early-exit rule loses ``gap_questions``."""
-    full = [100.0] * n
-    rows = [{"model": "melt-elementwise__full-seed0", "variant": "converted", "rule": "all loops", "loop_fraction": 1.0,
-             "per_question": json.dumps(full), "accuracy": 100.0, "mean_loops": 4.0, "loops": 4, "speedup": 1.0}]
+def sweep(gap_questions: int, n_rules: int, n: int = 400, seed: int = 0) -> pd.DataFrame:
+    """MELT's every-loop run (of training seed ``seed``) solves every question; each early-exit rule
+    loses ``gap_questions``."""
+    full, model = [100.0] * n, f"melt-elementwise__full-seed{seed}"
+    rows = [{"model": model, "variant": "converted", "rule": "all loops", "loop_fraction": 1.0,
+             "per_question": json.dumps(full), "accuracy": 100.0, "mean_loops": 4.0, "loops": 4, "speedup": 1.0,
+             "tokens_per_s": 10.0}]
     for k in range(n_rules):
         scores = [0.0 if (i + 7 * k) % n < gap_questions else 100.0 for i in range(n)]
-        rows.append({"model": "melt-elementwise__full-seed0", "variant": "converted", "rule": f"q={k}",
+        rows.append({"model": model, "variant": "converted", "rule": f"q={k}",
                      "loop_fraction": 0.5, "per_question": json.dumps(scores), "accuracy": sum(scores) / n,
-                     "mean_loops": 2.0, "loops": 4, "speedup": 1.8})
+                     "mean_loops": 2.0, "loops": 4, "speedup": 1.8, "tokens_per_s": 18.0})
     return pd.DataFrame(rows)
 
 
 class R:
     def __init__(self, df):
-        self.early_exit = df
+        self.early_exit = pool_early_exit(df)  # as report_common.Results reads the gathered sweep
 
 
 def test_early_exit_holds_on_a_clear_margin_and_fails_on_a_clear_loss():
@@ -60,6 +62,25 @@ def test_early_exit_holds_on_a_clear_margin_and_fails_on_a_clear_loss():
     assert verdict == HOLDS
     (_, _, verdict), = claims.early_exit_claims(R(sweep(gap_questions=60, n_rules=3)))  # 15 pts lost
     assert verdict == FAILS
+
+
+def test_early_exit_is_judged_over_every_seed_paired_seed_by_seed():
+    """The sweep of each seed's main run, pooled: a rule that loses 1 point on seed 0 and 15 on seed
+    1 does not hold over both (seed 0 alone it would); losing 1 point on each of six seeds holds; the
+    pooled row pairs each seed's rule with that seed's every-loop row whatever the rows' order, and
+    says how many seeds it is over."""
+    mixed = pd.concat([sweep(4, 1, seed=1).assign(per_question=lambda d: [json.dumps(
+        [0.0 if i < 60 else 100.0 for i in range(400)]) if r != "all loops" else p
+        for r, p in zip(d.rule, d.per_question)]), sweep(4, 1, seed=0)])
+    (_, _, alone), = claims.early_exit_claims(R(sweep(4, 1, seed=0)))
+    (_, evidence, both), = claims.early_exit_claims(R(mixed))
+    assert alone == HOLDS and both == INCONCLUSIVE and "2 seeds" in evidence
+    six = pd.concat([sweep(4, 1, seed=s) for s in (5, 3, 1, 0, 2, 4)])
+    (_, evidence, verdict), = claims.early_exit_claims(R(six))
+    assert verdict == HOLDS and "6 seeds" in evidence
+    pooled = pool_early_exit(six)
+    assert len(pooled) == 2 and all(p == [0, 1, 2, 3, 4, 5] for p in pooled.seeds)
+    assert np.asarray(json.loads(pooled.per_question.iloc[1])).shape == (6, 400)
 
 
 def test_early_exit_is_corrected_for_the_rules_tried():

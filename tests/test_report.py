@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,9 @@ from melt_core.tracking import NullLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 INPUTS = ROOT / "tests" / "fixtures" / "report-inputs"
+sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
+from model_id import ModelId  # noqa: E402
+
 TABLES = ["table1_main", "table3_gates", "table4_recipe", "table5_sharing", "table10_speed", "table_early_exit"]
 
 # Snakemake's own view of the report rules for the embedded default: inputs, outputs, params, log
@@ -109,6 +113,23 @@ def write_evals(paths: list[str], settings: dict, root: Path) -> None:
                      NullLogger(), backend="native")
 
 
+def early_exit_input(model: str) -> dict:
+    """The early-exit sweep of ``model`` (``<id>-seed<s>``): seed 0's is the one a run of the rule
+    wrote (fixtures/report-inputs/early_exit); seed s's is that one with the first 3s questions of
+    every early-exit rule scored 0 (its every-loop rows as they were) and its speeds x (1 + s/10),
+    so the seeds' sweeps differ and the tables must pool them."""
+    m = ModelId.parse(model)
+    sweep = json.loads((INPUTS / "early_exit" / f"{replace(m, seed=0)}.json").read_text())
+    sweep["model"] = model
+    for row in sweep["rows"]:
+        row["model"] = model
+        row["tokens_per_s"] *= 1 + m.seed / 10
+        if row["label"] != "all loops":
+            row["per_question"] = [0.0] * (3 * m.seed) + row["per_question"][3 * m.seed:]
+            row["accuracy"] = sum(row["per_question"]) / len(row["per_question"])
+    return sweep
+
+
 def write_curves(runs: dict, root: Path) -> dict[tuple[str, int], list[dict]]:
     """Each phase job's metrics.jsonl (train.py's per-step lines); returns each run's expected curve."""
     expected = {}
@@ -132,9 +153,12 @@ def report(rules, tmp_path_factory):
     settings = gather["params"]["settings"]
     write_evals(gather["input"]["evals"], settings, root)
     curves = write_curves(gather["params"]["runs"], root)
-    for path in [*gather["input"]["profiles"], *gather["input"]["early_exit"]]:
+    for path in gather["input"]["profiles"]:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_bytes((INPUTS / Path(path).parent.name / Path(path).name).read_bytes())
+    for path in gather["input"]["early_exit"]:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(json.dumps(early_exit_input(Path(path).stem)))
     jobs = [{"rule": "gather", "wildcards": {}, **gather}]
     jobs += [{"rule": "table", "wildcards": {"table": t}, **rules["table"]} for t in TABLES]
     # this tree's melt_core, not the installed one (tests/breaks.py runs the suite in a scratch copy)
@@ -251,22 +275,27 @@ def test_markdown_prints_each_interval_low_then_high(report):
     assert all(float(lo) <= float(mean) <= float(hi) for mean, lo, hi in cells)
 
 
-def test_early_exit_table_is_the_sweeps_rows(report):
-    out, _, _, sweeps = report
+def test_early_exit_table_pools_the_seeds_sweeps(report):
+    """One row per model (across its seeds), exit gate and rule, in the rule's order: the seeds'
+    mean accuracy inside its interval, their mean loops, tok/s and speed ratio, and how many seeds."""
+    out, settings, _, sweeps = report
     got = table(out, "table_early_exit").to_dict("records")
-    rows = [r for f in sweeps for r in json.loads((out.parent / f).read_text())["rows"]]  # in the rule's order
-    assert len(got) == len(rows)
-    for want, row in zip(rows, got):
-        every = next(r for r in rows if r["model"] == want["model"] and r["variant"] == want["variant"]
-                     and r["label"] == "all loops")
-        assert (row["model"], row["exit gate"], row["rule"]) == (want["model"], want["variant"], want["label"])
-        assert row["accuracy"] == pytest.approx(want["accuracy"])
-        assert row["loops per token"] == pytest.approx(want["mean_loops"])
-        assert row["loop share %"] == pytest.approx(100 * want["mean_loops"] / want["loops"])
-        assert row["tok/s"] == pytest.approx(want["tokens_per_s"])
-        assert row["speed ratio to all loops"] == pytest.approx(want["tokens_per_s"] / every["tokens_per_s"])
+    rows = [r for f in sweeps for r in json.loads((out.parent / f).read_text())["rows"]]
+    seeds = {ModelId.parse(r["model"]).seed for r in rows}
+    assert seeds == set(settings["seeds"]) and len(seeds) > 1 and len(got) == len(rows) / len(seeds)
+    for row in got:
+        want = [r for r in rows if str(ModelId.parse(r["model"]).across_seeds) == row["model"]
+                and r["variant"] == row["exit gate"] and r["label"] == row["rule"]]
+        every = {r["model"]: r for r in rows if r["variant"] == row["exit gate"] and r["label"] == "all loops"}
+        assert row["seeds"] == len(want) == len(seeds)
+        assert row["accuracy"] == pytest.approx(np.mean([w["accuracy"] for w in want]))
+        assert row["loops per token"] == pytest.approx(np.mean([w["mean_loops"] for w in want]))
+        assert row["tok/s"] == pytest.approx(np.mean([w["tokens_per_s"] for w in want]))
+        assert row["speed ratio to all loops"] == pytest.approx(
+            np.mean([w["tokens_per_s"] / every[w["model"]]["tokens_per_s"] for w in want]))
         lo, hi = map(float, row["95% CI"].split("–"))
-        assert lo <= want["accuracy"] <= hi
+        assert lo <= row["accuracy"] <= hi
+    assert len({row["accuracy"] for row in got if row["rule"] != "all loops"}) > 1
 
 
 def test_speed_table_ratios_are_each_model_over_ouro_at_the_same_context(report):

@@ -31,13 +31,14 @@ TRAIN_SLOWDOWN, TRAIN_SLOWDOWN_FACTOR = 0.105, 2.0  # the paper's chunk-wise/par
 def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
     """Beyond the paper (its future work): real early exit. Per model and exit gate, the cheapest
     rule under EXIT_BUDGET of the loops that stays within EXIT_MARGIN of its own every-loop accuracy
-    (paired over questions); the claim is MELT's, with Ouro's figures beside it."""
+    (paired over the seeds and questions: ``r.early_exit`` is the sweep pooled over the seeds,
+    report_common.pool_early_exit); the claim is MELT's, with Ouro's figures beside it."""
     df = r.early_exit
     if not len(df):
         return []
 
     def scores(row):
-        return json.loads(row.per_question)
+        return np.atleast_2d(np.asarray(json.loads(row.per_question), dtype=float))  # (seeds, questions)
 
     # The claim holds if any rule of the sweep holds: corrected for the number of rules tried
     # (Bonferroni, which for "at least one holds" decides exactly as Holm), each judged on a
@@ -65,7 +66,8 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
             return f"{model} ({variant}): no rule decoded with <= {EXIT_BUDGET:.0%} of the loops"
         _, row, ci = best
         kept = 100 * row.accuracy / full.accuracy if full.accuracy else float("nan")
-        return (f"{model} ({variant}), {row.rule}: keeps {kept:.0f}% of its accuracy ({row.accuracy:.1f}% vs "
+        seeds = f"{len(scores(row))} seeds" if len(scores(row)) > 1 else "one seed"
+        return (f"{model} ({variant}, {seeds}), {row.rule}: keeps {kept:.0f}% of its accuracy ({row.accuracy:.1f}% vs "
                 f"{full.accuracy:.1f}%, gap {ci}) at {100 * row.loop_fraction:.0f}% of its loop compute "
                 f"({row.mean_loops:.2f} of {row.loops} loops per token), decode {row.speedup:.2f}x tok/s")
 

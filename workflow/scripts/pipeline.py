@@ -118,9 +118,13 @@ class Pipeline:
         self.models = (self.teacher_models_all
                        + [m for s in self.seeds for m in self.seed_models(s) if not ModelId.parse(m).variant]
                        + self.main_variants() + [str(ModelId.dense(d)) for d in self.dense])
-        first = {"main": self.trained_model(self.main_run, self.seeds[0]),
-                 "ouro": str(ModelId.teacher(self.teacher_seeds[0]))}
-        self.exit_models = [first.get(m, m) for m in config["early_exit"]["models"]]
+        # early exit: "main" and "ouro" name every seed's main run and teacher (early_exit.seeds: all),
+        # or the first seed's (first); any other id is taken as it is
+        exit_seeds = self.seeds if config["early_exit"].get("seeds", "all") == "all" else self.seeds[:1]
+        exit_teachers = [s for s in self.teacher_seeds if s is None or s in exit_seeds]
+        named = {"main": [self.trained_model(self.main_run, s) for s in exit_seeds],
+                 "ouro": [str(ModelId.teacher(s)) for s in exit_teachers]}
+        self.exit_models = [x for m in config["early_exit"]["models"] for x in named.get(m, [m])]
 
         ev = config["eval"]
         self.sharded_tasks = [t for t in ev["tasks"] if self.task_shards(t) > 1]

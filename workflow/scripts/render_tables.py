@@ -173,14 +173,16 @@ def table11_train_throughput(r: Results) -> tuple[pd.DataFrame, str]:
 def table_early_exit(r: Results) -> tuple[pd.DataFrame, str]:
     df = r.early_exit
     out = pd.DataFrame({"model": df.model, "exit gate": df.variant, "rule": df.rule,
+                        "seeds": [len(s) for s in df.seeds] if len(df) else [],
                         "accuracy": df.accuracy, "95% CI": [f"{a:.1f}–{b:.1f}" for a, b in zip(df.ci_lo, df.ci_hi)],
                         "loops per token": df.mean_loops, "loop share %": 100 * df.loop_fraction,
                         "tok/s": df.tokens_per_s, "speed ratio to all loops": df.speedup})
     where = f"{df.device.iloc[0]}, batch {int(df.batch_size.iloc[0])}" if len(df) else ""
     return out, ("Real early exit (beyond the paper, its future work): accuracy on the sweep task "
-                 f"({df.metric.iloc[0] if len(df) else ''}), loops per decoded token and measured decode speed "
-                 f"({where}) per exit rule. The prompt runs every loop; Ouro's stopped tokens leave their last "
-                 "loop's K/V to deeper loops, MELT's their memory row.")
+                 f"({df.metric.iloc[0] if len(df) else ''}; the mean over the seeds' models with a 95% interval "
+                 "over seeds and questions), loops per decoded token and measured decode speed "
+                 f"({where}; the seeds' means) per exit rule. The prompt runs every loop; Ouro's stopped tokens "
+                 "leave their last loop's K/V to deeper loops, MELT's their memory row.")
 
 
 def SEEDS_NOTE(r: Results) -> str:  # noqa: N802 (reads as the constant sentence it is)

@@ -42,7 +42,8 @@ class Results:
         self.curves = pd.read_csv(s / "training_curves.csv")
         self.gates = pd.read_csv(s / "gate_values.csv")
         self.sweeps = json.loads((s / "sweeps.json").read_text())
-        self.early_exit = pd.read_csv(s / "early_exit.csv")
+        self.early_exit_runs = pd.read_csv(s / "early_exit.csv")  # one row per seed's model and rule
+        self.early_exit = pool_early_exit(self.early_exit_runs)  # the seeds pooled (the tables' rows)
         self.version = config["paper_version"]
         values = yaml.safe_load(Path(paper_values).read_text())
         if self.version not in values:
@@ -238,6 +239,27 @@ def escape_rows(r: Results) -> list[dict]:
             row[f"{col} stuck"] = float(x[~flags].mean()) if (~flags).any() else None
         rows.append(row)
     return rows
+
+
+def pool_early_exit(df: pd.DataFrame) -> pd.DataFrame:
+    """The early-exit sweep of every seed, one row per model (across its seeds), exit gate and rule:
+    ``per_question`` a (seeds, questions) list in the order of ``seeds`` (the same order in every
+    row of a model, so a rule and the model's every-loop row pair seed by seed), the accuracy's
+    interval over seeds and questions (verdicts.interval), loops, tok/s and speed-up the seeds' means."""
+    if not len(df):
+        return df
+    df = df.assign(across=[str(ModelId.parse(m).across_seeds) for m in df.model],
+                   seed=[ModelId.parse(m).seed for m in df.model]).sort_values("seed", kind="stable",
+                                                                                na_position="first")
+    rows = []
+    for (model, variant, rule), g in df.groupby(["across", "variant", "rule"], sort=False):
+        x = np.asarray([json.loads(p) for p in g.per_question], dtype=float)
+        acc, lo, hi = interval(x)
+        rows.append({"model": model, "variant": variant, "rule": rule, "seeds": [s for s in g.seed],
+                     "accuracy": acc, "ci_lo": lo, "ci_hi": hi, "per_question": json.dumps(x.tolist()),
+                     **{k: float(g[k].mean()) for k in ("mean_loops", "loop_fraction", "tokens_per_s", "speedup")},
+                     **{k: g[k].iloc[0] for k in ("loops", "metric", "batch_size", "device") if k in g}})
+    return pd.DataFrame(rows)
 
 
 def diff(ours, paper):
