@@ -66,7 +66,8 @@ def early_exit_claims(r: Results) -> list[tuple[str, str, str]]:
             return f"{model} ({variant}): no rule decoded with <= {EXIT_BUDGET:.0%} of the loops"
         _, row, ci = best
         kept = 100 * row.accuracy / full.accuracy if full.accuracy else float("nan")
-        seeds = f"{len(scores(row))} seeds" if len(scores(row)) > 1 else "one seed"
+        n = len(scores(row))
+        seeds = f"{n} seeds" if n > 1 else "one seed"
         return (f"{model} ({variant}, {seeds}), {row.rule}: keeps {kept:.0f}% of its accuracy ({row.accuracy:.1f}% vs "
                 f"{full.accuracy:.1f}%, gap {ci}) at {100 * row.loop_fraction:.0f}% of its loop compute "
                 f"({row.mean_loops:.2f} of {row.loops} loops per token), decode {row.speedup:.2f}x tok/s")

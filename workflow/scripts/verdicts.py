@@ -61,6 +61,7 @@ So a run where every model scores 0 judges nothing, and a tie never counts as a 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 from math import comb
 
@@ -251,9 +252,10 @@ class Comparison:
         """Whether this comparison is judged by the permutation test: asked for, and not paired."""
         return self.test == "permutation" and not paired(self.a, self.b)
 
-    @property
+    @cached_property
     def sides(self) -> tuple[float, float]:
-        """The permutation test's one-sided p-values: a - b above the threshold, below it."""
+        """The permutation test's one-sided p-values: a - b above the threshold, below it (computed
+        once: p, the verdict, the CI text and Holm's sort all read them)."""
         return permutation_p(self.a, self.b, self.threshold)
 
     @property
